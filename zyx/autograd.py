@@ -1,0 +1,484 @@
+"""Differentiable primitives: each ``Function`` builds its forward graph and, for backward, the graph of the
+input gradients from the output gradient. Composite ops in ``zyx.tensor`` are made of these, so their
+gradients follow.
+
+Invariants:
+- ``Function.apply`` records the context only when grad mode is on and an input requires grad.
+- Backward methods receive and return graph classes (``zyx.graph.node.Class``), never realize anything;
+  the backward pass is lazy and fuses like the forward.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+from zyx import dtypes
+from zyx.graph import ops as g
+from zyx.graph.node import Class, Op
+
+_state = threading.local()
+
+
+def grad_enabled() -> bool:
+    return getattr(_state, "enabled", True)
+
+
+class no_grad:  # noqa: N801 - PyTorch's name
+    """Context manager (and decorator) that turns off gradient recording."""
+
+    def __enter__(self) -> None:
+        self.prev = grad_enabled()
+        _state.enabled = False
+
+    def __exit__(self, *exc) -> None:
+        _state.enabled = self.prev
+
+    def __call__(self, fn):
+        def wrapped(*a, **k):
+            with no_grad():
+                return fn(*a, **k)
+
+        wrapped.__name__ = getattr(fn, "__name__", "wrapped")
+        wrapped.__doc__ = getattr(fn, "__doc__", None)
+        return wrapped
+
+
+class enable_grad(no_grad):  # noqa: N801
+    def __enter__(self) -> None:
+        self.prev = grad_enabled()
+        _state.enabled = True
+
+
+class Function:
+    """A differentiable primitive. Subclasses define ``forward(*classes, **kw)`` and ``backward(grad)``."""
+
+    def __init__(self, *parents) -> None:
+        self.parents = parents
+        self.needs = tuple(p.requires_grad for p in parents)
+
+    def forward(self, *xs: Class, **kw) -> Class:
+        raise NotImplementedError
+
+    def backward(self, grad: Class) -> tuple[Class | None, ...]:
+        raise NotImplementedError
+
+    tensor_type: type = None  # zyx.Tensor, set when zyx.tensor is imported (avoids an import cycle)
+
+    @classmethod
+    def apply(cls, *tensors, **kw):
+        ctx = cls(*tensors)
+        out = Function.tensor_type._from_class(ctx.forward(*[t.cls for t in tensors], **kw))
+        if True in ctx.needs and getattr(_state, "enabled", True):
+            out.requires_grad = True
+            out._ctx = ctx
+        return out
+
+
+def _const_like(x: Class, v) -> Class:
+    return g.const(v, x.shape, x.dtype, x.device)
+
+
+def _mul(a: Class, b: Class) -> Class:
+    return g.binary(Op.MUL, a, b)
+
+
+def _div(a: Class, b: Class) -> Class:
+    return g.binary(Op.DIV, a, b)
+
+
+def _neg(a: Class) -> Class:
+    return g.unary(Op.NEG, a)
+
+
+# ---- unary -----------------------------------------------------------------------------------------------------
+
+
+class Unary(Function):
+    op: Op
+
+    def forward(self, x: Class) -> Class:
+        self.x = x
+        self.y = g.unary(self.op, x)
+        return self.y
+
+
+class Neg(Unary):
+    op = Op.NEG
+
+    def backward(self, grad):
+        return (_neg(grad),)
+
+
+class Exp(Unary):
+    op = Op.EXP
+
+    def backward(self, grad):
+        return (_mul(grad, self.y),)
+
+
+class Exp2(Unary):
+    op = Op.EXP2
+
+    def backward(self, grad):
+        return (_mul(grad, _mul(self.y, _const_like(self.y, math.log(2)))),)
+
+
+class Log(Unary):
+    op = Op.LOG
+
+    def backward(self, grad):
+        return (_div(grad, self.x),)
+
+
+class Log2(Unary):
+    op = Op.LOG2
+
+    def backward(self, grad):
+        return (_div(grad, _mul(self.x, _const_like(self.x, math.log(2)))),)
+
+
+class Sin(Unary):
+    op = Op.SIN
+
+    def backward(self, grad):
+        return (_mul(grad, g.unary(Op.COS, self.x)),)
+
+
+class Cos(Unary):
+    op = Op.COS
+
+    def backward(self, grad):
+        return (_neg(_mul(grad, g.unary(Op.SIN, self.x))),)
+
+
+class Tan(Unary):
+    op = Op.TAN
+
+    def backward(self, grad):
+        return (_mul(grad, g.binary(Op.ADD, _const_like(self.y, 1), _mul(self.y, self.y))),)
+
+
+class Tanh(Unary):
+    op = Op.TANH
+
+    def backward(self, grad):
+        return (_mul(grad, g.binary(Op.SUB, _const_like(self.y, 1), _mul(self.y, self.y))),)
+
+
+class Erf(Unary):
+    op = Op.ERF
+
+    def backward(self, grad):
+        e = g.unary(Op.EXP, _neg(_mul(self.x, self.x)))
+        return (_mul(grad, _mul(e, _const_like(e, 2 / math.sqrt(math.pi)))),)
+
+
+class Sqrt(Unary):
+    op = Op.SQRT
+
+    def backward(self, grad):
+        return (_div(grad, _mul(self.y, _const_like(self.y, 2))),)
+
+
+class Recip(Unary):
+    op = Op.RECIP
+
+    def backward(self, grad):
+        return (_neg(_mul(grad, _mul(self.y, self.y))),)
+
+
+class Abs(Unary):
+    op = Op.ABS
+
+    def backward(self, grad):
+        x = self.x
+        zero = _const_like(x, 0)
+        sign = g.binary(Op.SUB, g.cast(g.binary(Op.CMPLT, zero, x), x.dtype),
+                        g.cast(g.binary(Op.CMPLT, x, zero), x.dtype))
+        return (_mul(grad, sign),)
+
+
+class Cast(Function):
+    def forward(self, x: Class, dtype=None) -> Class:
+        self.src = x.dtype
+        return g.cast(x, dtype)
+
+    def backward(self, grad):
+        return (g.cast(grad, self.src),)
+
+
+# ---- binary ----------------------------------------------------------------------------------------------------
+
+
+class Add(Function):
+    def forward(self, a, b):
+        return g.binary(Op.ADD, a, b)
+
+    def backward(self, grad):
+        return grad, grad
+
+
+class Sub(Function):
+    def forward(self, a, b):
+        return g.binary(Op.SUB, a, b)
+
+    def backward(self, grad):
+        return grad, _neg(grad)
+
+
+class Mul(Function):
+    def forward(self, a, b):
+        self.a, self.b = a, b
+        return g.binary(Op.MUL, a, b)
+
+    def backward(self, grad):
+        return (_mul(grad, self.b) if self.needs[0] else None, _mul(grad, self.a) if self.needs[1] else None)
+
+
+class Div(Function):
+    def forward(self, a, b):
+        self.a, self.b = a, b
+        return g.binary(Op.DIV, a, b)
+
+    def backward(self, grad):
+        ga = _div(grad, self.b) if self.needs[0] else None
+        gb = _neg(_div(_mul(grad, self.a), _mul(self.b, self.b))) if self.needs[1] else None
+        return ga, gb
+
+
+class Pow(Function):
+    def forward(self, a, b):
+        self.a, self.b = a, b
+        self.y = g.binary(Op.POW, a, b)
+        return self.y
+
+    def backward(self, grad):
+        a, b = self.a, self.b
+        ga = gb = None
+        if self.needs[0]:
+            # d/da a^b = b * a^(b-1); written as b * y / a where a != 0
+            pm1 = g.binary(Op.POW, a, g.binary(Op.SUB, b, _const_like(b, 1)))
+            ga = _mul(grad, _mul(b, pm1))
+        if self.needs[1]:
+            zero = _const_like(a, 0)
+            loga = g.where(g.binary(Op.CMPLT, zero, a), g.unary(Op.LOG, a), zero)
+            gb = _mul(grad, _mul(self.y, loga))
+        return ga, gb
+
+
+class _MaxMin(Function):
+    op: Op
+
+    def forward(self, a, b):
+        self.a, self.b = a, b
+        self.y = g.binary(self.op, a, b)
+        return self.y
+
+    def backward(self, grad):
+        a, b = self.a, self.b
+        # ties split the gradient evenly (PyTorch's maximum/minimum)
+        ea = g.cast(g.binary(Op.CMPEQ, a, self.y), a.dtype)
+        eb = g.cast(g.binary(Op.CMPEQ, b, self.y), a.dtype)
+        total = g.binary(Op.ADD, ea, eb)
+        total = g.where(g.binary(Op.CMPEQ, total, _const_like(total, 0)), _const_like(total, 1), total)
+        return _mul(grad, _div(ea, total)), _mul(grad, _div(eb, total))
+
+
+class Maximum(_MaxMin):
+    op = Op.MAX
+
+
+class Minimum(_MaxMin):
+    op = Op.MIN
+
+
+class Where(Function):
+    def forward(self, c, a, b):
+        self.c = c
+        return g.where(c, a, b)
+
+    def backward(self, grad):
+        zero = _const_like(grad, 0)
+        return None, g.where(self.c, grad, zero), g.where(self.c, zero, grad)
+
+
+# ---- reduce ----------------------------------------------------------------------------------------------------
+
+
+class Sum(Function):
+    def forward(self, x, axes=()):
+        self.shape = x.shape
+        return g.reduce("add", x, axes)
+
+    def backward(self, grad):
+        return (g.expand(grad, self.shape),)
+
+
+class _Extreme(Function):
+    kind: str
+
+    def forward(self, x, axes=()):
+        self.x = x
+        self.axes = axes
+        self.y = g.reduce(self.kind, x, axes)
+        return self.y
+
+    def backward(self, grad):
+        x = self.x
+        hit = g.cast(g.binary(Op.CMPEQ, x, g.expand(self.y, x.shape)), x.dtype)
+        count = g.expand(g.reduce("add", hit, self.axes), x.shape)
+        return (_mul(g.expand(grad, x.shape), _div(hit, count)),)
+
+
+class Max(_Extreme):
+    kind = "max"
+
+
+class Min(_Extreme):
+    kind = "min"
+
+
+class Prod(Function):
+    def forward(self, x, axes=()):
+        self.x = x
+        self.y = g.reduce("mul", x, axes)
+        return self.y
+
+    def backward(self, grad):
+        # product of the others; exact when x has no zeros (PyTorch special-cases zeros)
+        x = self.x
+        return (_mul(g.expand(grad, x.shape), _div(g.expand(self.y, x.shape), x)),)
+
+
+# ---- movement --------------------------------------------------------------------------------------------------
+
+
+class Reshape(Function):
+    def forward(self, x, shape=()):
+        self.src = x.shape
+        return g.reshape(x, shape)
+
+    def backward(self, grad):
+        return (g.reshape(grad, self.src),)
+
+
+class Permute(Function):
+    def forward(self, x, order=()):
+        self.order = order
+        return g.permute(x, order)
+
+    def backward(self, grad):
+        inv = [0] * len(self.order)
+        for i, o in enumerate(self.order):
+            inv[o] = i
+        return (g.permute(grad, tuple(inv)),)
+
+
+class Expand(Function):
+    def forward(self, x, shape=()):
+        self.src = x.shape
+        return g.expand(x, shape)
+
+    def backward(self, grad):
+        axes = tuple(i for i, (s, o) in enumerate(zip(self.src, grad.shape)) if s != o)
+        return (g.reduce("add", grad, axes),)
+
+
+class Pad(Function):
+    def forward(self, x, pads=(), fill=0):
+        self.pads = pads
+        self.src = x.shape
+        return g.pad(x, pads, fill)
+
+    def backward(self, grad):
+        spec = tuple((a, a + s, 1) for (a, _), s in zip(self.pads, self.src))
+        return (g.shrink(grad, spec),)
+
+
+class Shrink(Function):
+    def forward(self, x, spec=()):
+        self.spec = spec
+        self.src = x.shape
+        return g.shrink(x, spec)
+
+    def backward(self, grad):
+        out = grad
+        for axis, ((start, stop, step), n) in enumerate(zip(self.spec, self.src)):
+            out = _unshrink_axis(out, axis, start, step, n)
+        return (out,)
+
+
+def _unshrink_axis(grad: Class, axis: int, start: int, step: int, n: int) -> Class:
+    """Place ``grad`` (the slice start::step of an axis of size n) back into zeros of size n."""
+    k = grad.shape[axis]
+    if (start, step) == (0, 1) and k == n:
+        return grad
+    if k == 0:
+        shape = grad.shape[:axis] + (n,) + grad.shape[axis + 1:]
+        return g.const(0, shape, grad.dtype, grad.device)
+    if step < 0:
+        # the slice visits start, start+step, ...: flip it to ascending order first
+        grad = g.shrink(grad, tuple((k - 1, -1, -1) if i == axis else (0, s, 1) for i, s in enumerate(grad.shape)))
+        start, step = start + (k - 1) * step, -step
+    pads = [(0, 0)] * len(grad.shape)
+    if step > 1:
+        # interleave zeros: (.., k, ..) -> (.., k, step, ..) -> (.., k*step, ..)
+        shape = grad.shape[:axis + 1] + (1,) + grad.shape[axis + 1:]
+        x = g.reshape(grad, shape)
+        p = [(0, 0)] * len(shape)
+        p[axis + 1] = (0, step - 1)
+        x = g.pad(x, tuple(p))
+        grad = g.reshape(x, grad.shape[:axis] + (k * step,) + grad.shape[axis + 1:])
+        length = k * step
+    else:
+        length = k
+    after = n - start - length
+    if after < 0:
+        grad = g.shrink(grad, tuple((0, n - start, 1) if i == axis else (0, s, 1) for i, s in enumerate(grad.shape)))
+        after = 0
+    pads[axis] = (start, after)
+    return g.pad(grad, tuple(pads))
+
+
+class Gather(Function):
+    def forward(self, x, index, axis=0):
+        self.x_shape, self.index, self.axis = x.shape, index, axis
+        return g.gather(x, index, axis)
+
+    def backward(self, grad):
+        # scatter-add through a one-hot mask, reduced over the index dimensions
+        axis, idx = self.axis, self.index
+        n = self.x_shape[axis]
+        ni = len(idx.shape)
+        pre, post = self.x_shape[:axis], self.x_shape[axis + 1:]
+        # grad: pre + idx.shape + post  ->  pre + idx.shape + (n,) + post
+        gshape = pre + idx.shape + (1,) + post
+        full = pre + idx.shape + (n,) + post
+        gg = g.expand(g.reshape(grad, gshape), full)
+        ii = g.cast(idx, dtypes.int64)
+        ii = g.where(g.binary(Op.CMPLT, ii, g.const(0, ii.shape, dtypes.int64, ii.device)),
+                     g.binary(Op.ADD, ii, g.const(n, ii.shape, dtypes.int64, ii.device)), ii)
+        ishape = (1,) * len(pre) + idx.shape + (1,) + (1,) * len(post)
+        ar = g.reshape(g.iota(n, dtypes.int64, ii.device), (1,) * (len(pre) + ni) + (n,) + (1,) * len(post))
+        hit = g.binary(Op.CMPEQ, g.expand(g.reshape(ii, ishape), full), g.expand(ar, full))
+        masked = g.where(hit, gg, g.const(0, full, grad.dtype, grad.device))
+        summed = g.reduce("add", masked, tuple(range(len(pre), len(pre) + ni)))
+        return g.reshape(summed, self.x_shape), None
+
+
+class Copy(Function):
+    def forward(self, x, device=""):
+        self.src = x.device
+        return g.copy_to(x, device)
+
+    def backward(self, grad):
+        return (g.copy_to(grad, self.src),)
+
+
+class Contiguous(Function):
+    def forward(self, x):
+        return g.contiguous(x)
+
+    def backward(self, grad):
+        return (grad,)

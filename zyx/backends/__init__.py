@@ -1,0 +1,1 @@
+"""Backends behind the Pool/Device interfaces, found through the registry."""

@@ -1,0 +1,130 @@
+"""Abstract backend interfaces: a Pool owns memory, a Device runs programs in exactly one pool.
+
+Invariants:
+- A buffer is freed only when its reference count reaches zero *and* no queued work still uses it.
+- ``launch`` may be asynchronous; its errors surface at the next sync point as ``BackendError``
+  naming the kernel. ``pool_to_host`` and ``sync`` are sync points.
+- Every failure of a backend is a ``BackendError(status, context)`` whose context a person can act on.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+BufferId = int
+ProgramId = int
+
+
+class ErrorStatus(enum.Enum):
+    INITIALIZATION = "initialization"
+    ALLOCATION = "allocation"
+    DEALLOCATION = "deallocation"
+    COPY = "copy"
+    COMPILATION = "compilation"
+    LAUNCH = "launch"
+    SYNC = "sync"
+    UNSUPPORTED = "unsupported"
+    CONFIG = "config"
+
+
+class BackendError(RuntimeError):
+    """A backend failure: ``status`` says which kind, ``context`` says what happened and what to do."""
+
+    def __init__(self, status: ErrorStatus, context: str) -> None:
+        super().__init__(f"{status.value} error: {context}")
+        self.status = status
+        self.context = context
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What the kernel optimizer and the cost model may assume about a device."""
+
+    name: str
+    kind: str  # "host", "blas", "cuda"
+    compute_units: int = 1
+    max_global_work: tuple[int, int, int] = (2**31 - 1, 65535, 65535)
+    max_local_work: tuple[int, int, int] = (1, 1, 1)
+    max_local_threads: int = 1
+    local_memory_bytes: int = 0
+    warp_size: int = 1
+    compute_capability: tuple[int, int] | None = None
+    dtypes: frozenset[str] = frozenset()
+    tensor_cores: bool = False
+    vector_bytes: int = 32
+    # Rough peaks for the cost model (extraction); measured time replaces them when autotuning.
+    peak_gflops: float = 10.0
+    memory_gbps: float = 10.0
+    launch_overhead_ns: int = 2_000
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+class Pool(ABC):
+    """Memory of one backend. Buffers are reference counted; ``allocate`` returns a count of one."""
+
+    name: str
+
+    @abstractmethod
+    def allocate(self, nbytes: int) -> BufferId: ...
+
+    @abstractmethod
+    def retain(self, buffer: BufferId) -> None: ...
+
+    @abstractmethod
+    def release(self, buffer: BufferId) -> None: ...
+
+    @abstractmethod
+    def nbytes(self, buffer: BufferId) -> int: ...
+
+    @abstractmethod
+    def free_bytes(self) -> int: ...
+
+    @abstractmethod
+    def pool_to_host(self, buffer: BufferId, out: memoryview) -> None:
+        """Copy ``len(out)`` bytes from the start of ``buffer`` into ``out``; a sync point."""
+
+    @abstractmethod
+    def host_to_pool(self, src: memoryview, buffer: BufferId) -> None:
+        """Copy ``src`` into the start of ``buffer``; ``src`` may be reused once this returns."""
+
+    @abstractmethod
+    def pool_to_pool(self, src_pool: Pool, src: BufferId, dst: BufferId) -> None:
+        """Copy all of ``dst``'s bytes from ``src`` in ``src_pool``; this (destination) pool drives it."""
+
+    def sync(self) -> None:
+        """Wait until all work queued on this pool's buffers completed (default: nothing is queued)."""
+
+
+class Device(ABC):
+    """Compute on one pool. Programs come from ``compile`` (generated kernels) or ``match_graph``."""
+
+    @abstractmethod
+    def info(self) -> DeviceInfo: ...
+
+    @abstractmethod
+    def pool(self) -> Pool: ...
+
+    @abstractmethod
+    def compile(self, kernel: Any) -> ProgramId:
+        """Compile a ``zyx.kernel.ir.Kernel``; identical kernels may return the same program."""
+
+    @abstractmethod
+    def launch(self, program: ProgramId, args: Sequence[int]) -> None:
+        """Run ``program``: one int per kernel parameter (a BufferId of this pool, or a scalar value)."""
+
+    @abstractmethod
+    def launch_timed(self, program: ProgramId, args: Sequence[int]) -> int:
+        """Drain pending work, then run ``program`` alone and return its time in nanoseconds."""
+
+    @abstractmethod
+    def release(self, program: ProgramId) -> None: ...
+
+    def match_graph(self, graph: Any, outputs: Sequence[Any]) -> None:
+        """Add library alternatives to ``graph``'s classes (see ``zyx.graph.Graph``); default: none."""
+
+    def sync(self) -> None:
+        """Wait for every launch queued on this device; raises the first asynchronous error."""

@@ -1,0 +1,152 @@
+"""Stream assignment for one submission window of the CUDA backend (pure, no GPU needed).
+
+Model: commands are submitted in program order. Each stream is a FIFO. A wait on stream ``t`` emitted for a
+command is an event recorded on ``t``'s *tail at submission time*, so it covers every command already placed on
+``t`` (and, transitively, everything those commands waited for).
+
+Invariants of :func:`assign_streams`:
+
+* Placement: a command goes to the stream that last wrote its first read buffer; otherwise (no reads, or that
+  buffer was never written) to the stream with the fewest commands in this window, ties to the lowest index.
+* Safety: for every pair of commands ``i < j`` (across windows too, since the state is threaded through) that
+  conflict on a buffer -- read-after-write, write-after-read or write-after-write -- ``i`` happens before ``j``:
+  either both are on the same stream, or ``j``'s waits reach ``i`` through stream order and earlier waits.
+  Write-after-read waits for *every* stream that read the buffer since its last write, not only the last one.
+* ``Placement.waits`` is sorted, distinct, never contains the command's own stream, and omits a stream whose
+  relevant commands the chosen stream is already known to be ordered after (vector clocks in the state).
+* The input state is never mutated; an updated copy is returned.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["Command", "Placement", "StreamState", "assign_streams"]
+
+
+@dataclass(frozen=True)
+class Command:
+    """One launch or copy: the buffer ids it reads and writes."""
+
+    reads: tuple[int, ...] = ()
+    writes: tuple[int, ...] = ()
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a command runs and which other streams' current tails it must wait for first."""
+
+    stream: int
+    waits: tuple[int, ...] = ()
+
+
+@dataclass
+class StreamState:
+    """Hazard tracking that persists across windows.
+
+    Positions are 1-based indices of a command on its stream, counted over the state's whole lifetime. Only
+    ``last_writer`` and ``readers_since_write`` are needed for safety; the other fields only prune redundant
+    waits, and a missing position makes the stream always waited on.
+    """
+
+    last_writer: dict[int, int] = field(default_factory=dict)
+    """buffer -> stream of its last write."""
+    readers_since_write: dict[int, set[int]] = field(default_factory=dict)
+    """buffer -> every stream that read it since its last write."""
+    last_write_at: dict[int, int] = field(default_factory=dict)
+    """buffer -> position of its last write on ``last_writer[buffer]``."""
+    last_read_at: dict[tuple[int, int], int] = field(default_factory=dict)
+    """(buffer, stream) -> position of the latest read of buffer on stream since the buffer's last write."""
+    placed: dict[int, int] = field(default_factory=dict)
+    """stream -> number of commands placed on it so far."""
+    synced: dict[int, dict[int, int]] = field(default_factory=dict)
+    """stream s -> {t: n}: the next command on s happens after the first n commands on stream t."""
+
+    def copy(self) -> StreamState:
+        return StreamState(
+            last_writer=dict(self.last_writer),
+            readers_since_write={b: set(r) for b, r in self.readers_since_write.items()},
+            last_write_at=dict(self.last_write_at),
+            last_read_at=dict(self.last_read_at),
+            placed=dict(self.placed),
+            synced={s: dict(c) for s, c in self.synced.items()},
+        )
+
+
+def _requirements(cmd: Command, state: StreamState) -> dict[int, float]:
+    """stream -> highest position on it that ``cmd`` must happen after (RAW, WAR, WAW).
+
+    A position the state does not know (a hand-built state) is infinite: that stream is always waited on.
+    """
+    need: dict[int, float] = {}
+
+    def add(stream: int, pos: float) -> None:
+        need[stream] = max(need.get(stream, 0), pos)
+
+    for b in cmd.reads:  # read-after-write
+        if b in state.last_writer:
+            add(state.last_writer[b], state.last_write_at.get(b, math.inf))
+    for b in cmd.writes:
+        if b in state.last_writer:  # write-after-write
+            add(state.last_writer[b], state.last_write_at.get(b, math.inf))
+        for r in state.readers_since_write.get(b, ()):  # write-after-read, every reader
+            add(r, state.last_read_at.get((b, r), math.inf))
+    return need
+
+
+def _covers(state: StreamState, t: int, pending: dict[int, float]) -> int:
+    """How many outstanding requirements a wait on stream ``t``'s current tail would satisfy."""
+    reach = state.synced.get(t, {})
+    return sum(u == t or reach.get(u, 0) >= p for u, p in pending.items())
+
+
+def assign_streams(
+    commands: Sequence[Command], state: StreamState, n_streams: int
+) -> tuple[list[Placement], StreamState]:
+    """Place one window of ``commands`` on ``n_streams`` streams; return the placements and the new state."""
+    if n_streams < 1:
+        raise ValueError(f"n_streams must be >= 1, got {n_streams}")
+    used = {*state.placed, *state.last_writer.values(), *(s for r in state.readers_since_write.values() for s in r)}
+    if any(not 0 <= s < n_streams for s in used):
+        raise ValueError(f"state uses streams {sorted(used)} but n_streams is {n_streams}")
+    st = state.copy()
+    load = [0] * n_streams
+    placements: list[Placement] = []
+    for cmd in commands:
+        first = cmd.reads[0] if cmd.reads else None
+        if first is not None and first in st.last_writer:
+            chosen = st.last_writer[first]
+        else:
+            chosen = min(range(n_streams), key=lambda s: (load[s], s))
+
+        clock = st.synced.setdefault(chosen, {})
+        pending = {t: p for t, p in _requirements(cmd, st).items() if t != chosen and clock.get(t, 0) < p}
+        waits: list[int] = []
+        while pending:
+            # Greedy cover: wait on the stream whose tail settles the most outstanding requirements.
+            score = {u: _covers(st, u, pending) for u in pending}
+            t = max(sorted(pending), key=score.__getitem__)
+            waits.append(t)
+            for u, n in st.synced.get(t, {}).items():
+                if u != chosen:
+                    clock[u] = max(clock.get(u, 0), n)
+            clock[t] = st.placed.get(t, 0)
+            pending = {u: p for u, p in pending.items() if u != t and clock.get(u, 0) < p}
+        placements.append(Placement(chosen, tuple(sorted(waits))))
+
+        pos = st.placed.get(chosen, 0) + 1
+        st.placed[chosen] = pos
+        load[chosen] += 1
+        for b in cmd.reads:
+            st.readers_since_write.setdefault(b, set()).add(chosen)
+            st.last_read_at[(b, chosen)] = pos
+        for b in cmd.writes:
+            for r in st.readers_since_write.pop(b, set()):
+                st.last_read_at.pop((b, r), None)
+            st.readers_since_write[b] = set()
+            st.last_writer[b] = chosen
+            st.last_write_at[b] = pos
+    return placements, st

@@ -1,0 +1,1 @@
+"""Host backend: C + OpenMP through the system compiler."""

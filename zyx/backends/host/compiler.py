@@ -1,0 +1,92 @@
+"""The system C compiler: probe once, compile shared libraries, cache them on disk.
+
+Cache key: the rendered source, the compiler's resolved path and version line, and the flags; the library
+lives at ``$XDG_CACHE_HOME/zyx/host/<key>.so`` (or ``~/.cache/zyx``), written atomically.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from functools import cached_property
+from pathlib import Path
+
+from zyx.backends.base import BackendError, ErrorStatus
+
+BASE_FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-std=gnu11", "-fwrapv", "-fno-math-errno",
+              "-fno-strict-aliasing")
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "zyx"
+
+
+class CCompiler:
+    """One configured compiler. Raises BackendError(INITIALIZATION) when it cannot be used."""
+
+    def __init__(self, cc: str = "cc", openmp: bool = True) -> None:
+        path = shutil.which(cc)
+        if path is None:
+            raise BackendError(ErrorStatus.INITIALIZATION,
+                               f"C compiler {cc!r} not found on PATH; install gcc or clang, or set host.cc in the "
+                               "zyx config file")
+        self.cc = os.path.realpath(path)
+        self.want_openmp = openmp
+
+    @cached_property
+    def version(self) -> str:
+        try:
+            out = subprocess.run([self.cc, "--version"], capture_output=True, text=True, timeout=30)
+        except OSError as e:
+            raise BackendError(ErrorStatus.INITIALIZATION, f"cannot run {self.cc}: {e}") from e
+        return (out.stdout or out.stderr).splitlines()[0] if (out.stdout or out.stderr) else "unknown"
+
+    @cached_property
+    def openmp(self) -> bool:
+        """Whether ``-fopenmp`` compiles and links here (probed once, result cached on disk)."""
+        if not self.want_openmp:
+            return False
+        key = hashlib.sha256(f"omp|{self.cc}|{self.version}".encode()).hexdigest()[:20]
+        marker = cache_dir() / "host" / f"omp-{key}"
+        if marker.exists():
+            return marker.read_text() == "1"
+        src = "#include <omp.h>\nint f(void){int n=0;\n#pragma omp parallel\n{n=omp_get_num_threads();}\nreturn n;}\n"
+        with tempfile.TemporaryDirectory() as d:
+            c = Path(d) / "t.c"
+            c.write_text(src)
+            r = subprocess.run([self.cc, "-fopenmp", "-shared", "-fPIC", str(c), "-o", str(Path(d) / "t.so")],
+                               capture_output=True, text=True)
+            ok = r.returncode == 0
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text("1" if ok else "0")
+        return ok
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        return BASE_FLAGS + (("-fopenmp",) if self.openmp else ())
+
+    def compile(self, source: str, name: str) -> ctypes.CDLL:
+        """Compile ``source`` into a shared library (or take it from the disk cache) and load it."""
+        key = hashlib.sha256("\0".join((source, self.cc, self.version, " ".join(self.flags),
+                                        platform.machine())).encode()).hexdigest()[:32]
+        d = cache_dir() / "host"
+        lib = d / f"{key}.so"
+        if not lib.exists():
+            d.mkdir(parents=True, exist_ok=True)
+            src = d / f"{key}.c"
+            src.write_text(source)
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=d)
+            os.close(fd)
+            r = subprocess.run([self.cc, *self.flags, str(src), "-o", tmp, "-lm"], capture_output=True, text=True)
+            if r.returncode != 0:
+                os.unlink(tmp)
+                raise BackendError(ErrorStatus.COMPILATION,
+                                   f"{self.cc} failed on kernel {name} (source: {src}):\n{r.stderr.strip()}")
+            os.replace(tmp, lib)
+        return ctypes.CDLL(str(lib))

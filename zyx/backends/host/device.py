@@ -1,0 +1,128 @@
+"""Host device: kernel IR → C (+ OpenMP) → system compiler → ctypes. Launches run synchronously."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from collections.abc import Sequence
+
+from zyx import dtypes
+from zyx.backends.base import BackendError, Device, DeviceInfo, ErrorStatus, ProgramId
+from zyx.backends.host.compiler import CCompiler
+from zyx.backends.host.pool import HostPool
+from zyx.kernel import opt
+from zyx.kernel.ir import Kernel
+from zyx.kernel.render import CRenderer
+from zyx.utils import STATS, debug_on, log
+
+_CTYPES = {"bool": ctypes.c_bool, "int8": ctypes.c_int8, "uint8": ctypes.c_uint8, "int16": ctypes.c_int16,
+           "uint16": ctypes.c_uint16, "int32": ctypes.c_int32, "uint32": ctypes.c_uint32, "int64": ctypes.c_int64,
+           "uint64": ctypes.c_uint64, "float32": ctypes.c_float, "float64": ctypes.c_double,
+           "float16": ctypes.c_float, "bfloat16": ctypes.c_float}
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return os.cpu_count() or 1
+
+
+class _Program:
+    __slots__ = ("fn", "kinds", "var_types", "name", "lib", "source")
+
+    def __init__(self, fn, kernel: Kernel, lib, source: str) -> None:
+        self.fn, self.lib, self.source, self.name = fn, lib, source, kernel.name
+        self.kinds = tuple(p.kind for p in kernel.params)
+        self.var_types = tuple(_CTYPES[p.dtype.name] if p.kind == "var" else None for p in kernel.params)
+
+
+class HostDevice(Device):
+    def __init__(self, pool: HostPool, cc: str = "cc", openmp: bool = True, threads: int | None = None) -> None:
+        self._pool = pool
+        self.compiler = CCompiler(cc, openmp)
+        self.threads = threads or cpu_count()
+        self.renderer = CRenderer()
+        self._programs: dict[int, _Program] = {}
+        self._by_source: dict[str, int] = {}
+        self._next = 1
+        self._info = DeviceInfo(name="host", kind="host", compute_units=self.threads,
+                                dtypes=frozenset(d.name for d in dtypes.ALL), vector_bytes=32,
+                                peak_gflops=8.0 * self.threads * 2, memory_gbps=8.0 * min(self.threads, 4),
+                                launch_overhead_ns=5_000)
+
+    def info(self) -> DeviceInfo:
+        return self._info
+
+    def pool(self) -> HostPool:
+        return self._pool
+
+    def render(self, kernel: Kernel) -> str:
+        return self.renderer.render(opt.optimize(kernel, self._info))
+
+    def compile(self, kernel: Kernel) -> ProgramId:
+        src = self.render(kernel)
+        pid = self._by_source.get(src)
+        if pid is not None:
+            return pid
+        if debug_on("ir"):
+            log("ir", f"{kernel.name}: loops={kernel.loops} stores={kernel.stores}")
+        if debug_on("asm"):
+            log("asm", src)
+        t0 = time.perf_counter()
+        lib = self.compiler.compile(src, kernel.name)
+        STATS["compiles"] += 1
+        log("compile", f"{kernel.name} in {(time.perf_counter() - t0) * 1e3:.1f} ms")
+        if self.compiler.openmp:
+            lib.zyx_set_threads(ctypes.c_int(self.threads))
+        fn = getattr(lib, kernel.name)
+        fn.argtypes = [ctypes.c_void_p]
+        fn.restype = None
+        pid = self._next
+        self._next += 1
+        self._programs[pid] = _Program(fn, kernel, lib, src)
+        self._by_source[src] = pid
+        return pid
+
+    def source(self, program: ProgramId) -> str:
+        return self._programs[program].source
+
+    def _pack(self, prog: _Program, args: Sequence[int]):
+        if len(args) != len(prog.kinds):
+            raise BackendError(ErrorStatus.LAUNCH, f"kernel {prog.name} takes {len(prog.kinds)} arguments, "
+                               f"got {len(args)}")
+        keep = []
+        addrs = []
+        address = self._pool.address
+        for a, t in zip(args, prog.var_types):
+            if t is None:
+                addrs.append(address(a))
+            else:
+                v = t(a)
+                keep.append(v)
+                addrs.append(ctypes.addressof(v))
+        return (ctypes.c_void_p * len(addrs))(*addrs), keep
+
+    def launch(self, program: ProgramId, args: Sequence[int]) -> None:
+        prog = self._programs[program]
+        arr, _keep = self._pack(prog, args)
+        STATS["launches"] += 1
+        if debug_on("launch"):
+            t0 = time.perf_counter()
+            prog.fn(arr)
+            log("launch", f"{prog.name} {(time.perf_counter() - t0) * 1e6:.1f} us")
+        else:
+            prog.fn(arr)
+
+    def launch_timed(self, program: ProgramId, args: Sequence[int]) -> int:
+        prog = self._programs[program]
+        arr, _keep = self._pack(prog, args)
+        t0 = time.perf_counter_ns()
+        prog.fn(arr)
+        return time.perf_counter_ns() - t0
+
+    def release(self, program: ProgramId) -> None:
+        prog = self._programs.pop(program, None)
+        if prog is not None:
+            self._by_source.pop(prog.source, None)

@@ -1,0 +1,1 @@
+"""The lazy graph: hash-consed classes, matching, extraction, fusion and scheduling."""

@@ -1,0 +1,250 @@
+"""Lower one fused kernel of the graph to the kernel IR.
+
+``lower(cls, idx, gate)`` returns the IR value of ``cls`` at the index tuple ``idx`` (one index expression per
+dimension); movement ops only transform ``idx``, pads add gates, reduces open fresh ranges, materialized
+classes become loads. NumPy semantics for floor division, remainder and NaN-propagating max/min are built
+here from the IR's primitives.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from zyx import dtypes
+from zyx.graph.node import Class, Op
+from zyx.kernel import ir
+from zyx.kernel.ir import Expr, Ops
+from zyx.kernel.linearize import Block, Reduce, linearize
+
+_DIRECT = {Op.NEG: Ops.NEG, Op.NOT: Ops.NOT, Op.EXP: Ops.EXP, Op.EXP2: Ops.EXP2, Op.LOG: Ops.LOG,
+           Op.LOG2: Ops.LOG2, Op.SIN: Ops.SIN, Op.COS: Ops.COS, Op.TAN: Ops.TAN, Op.TANH: Ops.TANH,
+           Op.ERF: Ops.ERF, Op.SQRT: Ops.SQRT, Op.RECIP: Ops.RECIP, Op.ABS: Ops.ABS, Op.FLOOR: Ops.FLOOR,
+           Op.CEIL: Ops.CEIL, Op.ROUND: Ops.ROUND, Op.TRUNC: Ops.TRUNC, Op.ISNAN: Ops.ISNAN, Op.ISINF: Ops.ISINF,
+           Op.ADD: Ops.ADD, Op.SUB: Ops.SUB, Op.MUL: Ops.MUL, Op.DIV: Ops.DIV, Op.POW: Ops.POW, Op.MAX: Ops.MAX,
+           Op.MIN: Ops.MIN, Op.CMPLT: Ops.CMPLT, Op.CMPLE: Ops.CMPLE, Op.CMPEQ: Ops.CMPEQ, Op.CMPNE: Ops.CMPNE,
+           Op.AND: Ops.AND, Op.OR: Ops.OR, Op.XOR: Ops.XOR, Op.SHL: Ops.SHL, Op.SHR: Ops.SHR, Op.WHERE: Ops.WHERE}
+REDUCE_IR = {"add": Ops.ADD, "mul": Ops.MUL, "max": Ops.MAX, "min": Ops.MIN, "or": Ops.OR, "and": Ops.AND}
+
+
+def strides(shape: Sequence[int]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc if s != 1 else 0)
+        acc *= s
+    return tuple(reversed(out))
+
+
+def ravel(idx: Sequence[Expr], shape: Sequence[int]) -> Expr:
+    flat = ir.const(0, ir.index_dtype)
+    for i, st in zip(idx, strides(shape)):
+        if st:
+            flat = flat + i * st
+    return flat
+
+
+def reshape_index(idx: tuple[Expr, ...], out_shape: tuple[int, ...], in_shape: tuple[int, ...]) -> tuple[Expr, ...]:
+    zero = ir.const(0, ir.index_dtype)
+    if tuple(s for s in out_shape if s != 1) == tuple(s for s in in_shape if s != 1):
+        it = iter(i for i, s in zip(idx, out_shape) if s != 1)
+        return tuple(next(it) if s != 1 else zero for s in in_shape)
+    flat = ravel(idx, out_shape)
+    out = []
+    acc = 1
+    for d in range(len(in_shape) - 1, -1, -1):
+        s = in_shape[d]
+        if s == 1:
+            out.append(zero)
+            continue
+        q = flat if acc == 1 else _div(flat, acc)
+        out.append(q if d == 0 or _first_nonunit(in_shape) == d else _mod(q, s))
+        acc *= s
+    return tuple(reversed(out))
+
+
+def _first_nonunit(shape) -> int:
+    return next((i for i, s in enumerate(shape) if s != 1), 0)
+
+
+def _div(a: Expr, c: int) -> Expr:
+    return ir.idiv(a, c) if a.vmin >= 0 else ir.alu(Ops.DIV, a, ir.const(c, a.dtype))
+
+
+def _mod(a: Expr, c: int) -> Expr:
+    return ir.mod(a, c) if a.vmin >= 0 else ir.alu(Ops.MOD, a, ir.const(c, a.dtype))
+
+
+class KernelBuilder:
+    """Builds one ir.Kernel: params are outputs first, then inputs and scalars in order of first use."""
+
+    def __init__(self, name: str, materialized: set[Class]) -> None:
+        self.name = name
+        self.materialized = materialized
+        self.params: list[ir.Param] = []
+        self.param_classes: list[Class] = []
+        self._param_of: dict[int, int] = {}
+        self._memo: dict[tuple, Expr] = {}
+        self._next_range = 0
+        self.reduce_class: dict[Expr, Class] = {}
+        self.stores: list[ir.Store] = []
+        self.loops: tuple[Expr, ...] = ()
+
+    def new_range(self, size: int) -> Expr:
+        r = ir.range_(self._next_range, size)
+        self._next_range += 1
+        return r
+
+    def _param(self, c: Class, kind: str) -> int:
+        p = self._param_of.get(id(c))
+        if p is None:
+            p = len(self.params)
+            self.params.append(ir.Param(f"p{p}", c.dtype, kind, c.numel))
+            self.param_classes.append(c)
+            self._param_of[id(c)] = p
+        return p
+
+    def add_output(self, c: Class) -> None:
+        """Store ``c`` contiguously over loops covering its shape (all outputs share one shape)."""
+        if not self.loops:
+            self.loops = tuple(self.new_range(s) for s in c.shape)
+        p = self._param(c, "out")
+        self.stores.append(ir.Store(p, ravel(self.loops, c.shape), self._lower_root(c, self.loops)))
+
+    def kernel(self) -> ir.Kernel:
+        return ir.Kernel(self.name, tuple(self.params), self.loops, tuple(self.stores))
+
+    def _lower_root(self, c: Class, idx: tuple[Expr, ...]) -> Expr:
+        return self._compute(c, idx, None)
+
+    def lower(self, c: Class, idx: tuple[Expr, ...], gate: Expr | None) -> Expr:
+        key = (id(c), idx, gate)
+        e = self._memo.get(key)
+        if e is None:
+            if c.realized or c in self.materialized:
+                if c.op is Op.VAR:
+                    e = ir.var(self._param(c, "var"), c.dtype)
+                else:
+                    e = ir.load(self._param(c, "in"), c.dtype, ravel(idx, c.shape), gate)
+            else:
+                e = self._compute(c, idx, gate)
+            self._memo[key] = e
+        return e
+
+    def _compute(self, c: Class, idx: tuple[Expr, ...], gate: Expr | None) -> Expr:  # noqa: C901
+        node = c.node
+        op, srcs, arg = node.op, node.srcs, node.arg
+        if op is Op.CONST:
+            return ir.const(arg, c.dtype)
+        if op is Op.VAR:
+            return ir.var(self._param(c, "var"), c.dtype)
+        if op is Op.IOTA:
+            return ir.cast(idx[0], c.dtype)
+        if op is Op.CONTIGUOUS:
+            return self.lower(srcs[0], idx, gate)
+        if op is Op.CAST:
+            return ir.cast(self.lower(srcs[0], idx, gate), c.dtype)
+        if op is Op.IDIV:
+            return self._floordiv(*(self.lower(s, idx, gate) for s in srcs))
+        if op is Op.MOD:
+            return self._remainder(*(self.lower(s, idx, gate) for s in srcs))
+        if op in _DIRECT:
+            return ir.alu(_DIRECT[op], *(self.lower(s, idx, gate) for s in srcs))
+        if op is Op.REDUCE:
+            rop, axes = arg
+            src = srcs[0]
+            new = list(idx)
+            rngs = []
+            for a in axes:
+                r = self.new_range(src.shape[a])
+                new[a] = r
+                rngs.append(r)
+            e = ir.reduce(REDUCE_IR[rop], self.lower(src, tuple(new), gate), tuple(rngs))
+            if e.op is Ops.REDUCE:
+                self.reduce_class[e] = c
+            return e
+        if op is Op.RESHAPE:
+            return self.lower(srcs[0], reshape_index(idx, c.shape, srcs[0].shape), gate)
+        if op is Op.PERMUTE:
+            inv = [None] * len(arg)
+            for d, o in enumerate(arg):
+                inv[o] = idx[d]
+            return self.lower(srcs[0], tuple(inv), gate)
+        if op is Op.EXPAND:
+            zero = ir.const(0, ir.index_dtype)
+            src_shape = srcs[0].shape
+            new = tuple(zero if s == 1 and o != 1 else i for i, s, o in zip(idx, src_shape, c.shape))
+            return self.lower(srcs[0], new, gate)
+        if op is Op.SHRINK:
+            new = tuple(i * step + start if (start, step) != (0, 1) else i for i, (start, step) in zip(idx, arg))
+            return self.lower(srcs[0], new, gate)
+        if op is Op.PAD:
+            pads, fill = arg
+            valid = ir.const(True, dtypes.bool_)
+            new = []
+            for i, (before, _after), s in zip(idx, pads, srcs[0].shape):
+                if before or _after:
+                    lo = ir.alu(Ops.CMPLE, ir.const(before, ir.index_dtype), i)
+                    hi = ir.alu(Ops.CMPLT, i, ir.const(before + s, ir.index_dtype))
+                    valid = ir.and_(valid, ir.and_(lo, hi))
+                new.append(i - before if before else i)
+            inner_gate = valid if gate is None else ir.and_(gate, valid)
+            v = self.lower(srcs[0], tuple(new), inner_gate if valid.op is not Ops.CONST else gate)
+            return ir.where(valid, v, ir.const(fill, c.dtype))
+        if op is Op.GATHER:
+            x, index = srcs
+            axis = arg
+            nd = len(index.shape)
+            pre, mid, post = idx[:axis], idx[axis:axis + nd], idx[axis + nd:]
+            iv = ir.cast(self.lower(index, tuple(mid), gate), ir.index_dtype)
+            n = x.shape[axis]
+            zero = ir.const(0, ir.index_dtype)
+            iv = ir.where(ir.alu(Ops.CMPLT, iv, zero), iv + n, iv)
+            valid = ir.and_(ir.alu(Ops.CMPLE, zero, iv), ir.alu(Ops.CMPLT, iv, ir.const(n, ir.index_dtype)))
+            g = valid if gate is None else ir.and_(gate, valid)
+            v = self.lower(x, tuple(pre) + (iv,) + tuple(post), g)
+            return ir.where(valid, v, ir.const(0, c.dtype))
+        raise NotImplementedError(f"cannot fuse {op.name} into a kernel")
+
+    @staticmethod
+    def _floordiv(a: Expr, b: Expr) -> Expr:
+        if not a.dtype.is_float:
+            return ir.alu(Ops.DIV, a, b)
+        # NumPy's floor_divide: exact via fmod, then rounding of the quotient
+        d = a.dtype
+        zero = ir.const(0.0, d)
+        m = ir.alu(Ops.MOD, a, b)
+        div = ir.alu(Ops.DIV, ir.alu(Ops.SUB, a, m), b)
+        adjust = ir.and_(ir.alu(Ops.CMPNE, m, zero),
+                         ir.alu(Ops.CMPNE, ir.alu(Ops.CMPLT, b, zero), ir.alu(Ops.CMPLT, m, zero)))
+        div = ir.where(adjust, ir.alu(Ops.SUB, div, ir.const(1.0, d)), div)
+        fl = ir.alu(Ops.FLOOR, div)
+        fl = ir.where(ir.alu(Ops.CMPLT, ir.const(0.5, d), ir.alu(Ops.SUB, div, fl)),
+                      ir.alu(Ops.ADD, fl, ir.const(1.0, d)), fl)
+        return ir.where(ir.alu(Ops.CMPEQ, b, zero), ir.alu(Ops.DIV, a, b), fl)
+
+    @staticmethod
+    def _remainder(a: Expr, b: Expr) -> Expr:
+        if not a.dtype.is_float:
+            return ir.alu(Ops.MOD, a, b)
+        zero = ir.const(0.0, a.dtype)
+        m = ir.alu(Ops.MOD, a, b)
+        fix = ir.and_(ir.alu(Ops.CMPNE, m, zero),
+                      ir.alu(Ops.CMPNE, ir.alu(Ops.CMPLT, b, zero), ir.alu(Ops.CMPLT, m, zero)))
+        return ir.where(fix, ir.alu(Ops.ADD, m, b), m)
+
+
+def recompute_factors(k: ir.Kernel) -> dict[Expr, int]:
+    """For each reduce: how many times LICM placement runs it per distinct value (1 = no recomputation)."""
+    out: dict[Expr, int] = {}
+
+    def walk(block: Block, enclosing: tuple[Expr, ...]) -> None:
+        for s in block.stmts:
+            if isinstance(s, Reduce):
+                runs = math.prod(r.arg[1] for r in enclosing)
+                out[s.expr] = runs // max(math.prod(r.arg[1] for r in s.expr.ranges), 1)
+                walk(s.loop.body, enclosing + (s.loop.range,))
+        if block.inner is not None:
+            walk(block.inner.body, enclosing + (block.inner.range,))
+
+    walk(linearize(k), ())
+    return out

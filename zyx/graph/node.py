@@ -1,0 +1,220 @@
+"""The lazy graph: hash-consed nodes grouped in equivalence classes.
+
+Invariants:
+- A ``Class`` is one value (shape, dtype, device). ``nodes[0]`` is the node the tensor op built; devices may
+  append alternatives (``Op.KERNEL`` library nodes) that compute the same value.
+- Node construction is hash-consed: the same op on the same input classes with the same argument returns
+  the existing class (free CSE). The cache holds classes weakly, so a class no live tensor reaches is freed.
+- A realized class holds a ``Buffer`` and no nodes: its inputs are released, and it leaves the hash-cons
+  cache (its key named classes that may be gone).
+- Shapes are tuples of non-negative ints; ``REDUCE`` keeps reduced axes as size 1.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import weakref
+from dataclasses import dataclass
+
+from zyx.backends.base import Pool
+from zyx.dtypes import DType
+
+
+class Op(enum.Enum):
+    # leaves
+    BUFFER = "buffer"  # realized; the class holds the Buffer
+    CONST = "const"  # arg = python scalar; shape ()
+    VAR = "var"  # scalar whose value is a launch argument, not part of the structure; shape ()
+    IOTA = "iota"  # 0..n-1 along the only axis
+    # elementwise unary
+    NEG = "neg"
+    NOT = "not"
+    EXP = "exp"
+    EXP2 = "exp2"
+    LOG = "log"
+    LOG2 = "log2"
+    SIN = "sin"
+    COS = "cos"
+    TAN = "tan"
+    TANH = "tanh"
+    ERF = "erf"
+    SQRT = "sqrt"
+    RECIP = "recip"
+    ABS = "abs"
+    FLOOR = "floor"
+    CEIL = "ceil"
+    ROUND = "round"
+    TRUNC = "trunc"
+    ISNAN = "isnan"
+    ISINF = "isinf"
+    CAST = "cast"
+    # elementwise binary
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+    DIV = "div"  # true division (float operands)
+    IDIV = "idiv"  # floor division, NumPy semantics
+    MOD = "mod"  # remainder with the divisor's sign, NumPy semantics
+    POW = "pow"
+    MAX = "max"
+    MIN = "min"
+    CMPLT = "cmplt"
+    CMPLE = "cmple"
+    CMPEQ = "cmpeq"
+    CMPNE = "cmpne"
+    AND = "and"
+    OR = "or"
+    XOR = "xor"
+    SHL = "shl"
+    SHR = "shr"
+    WHERE = "where"
+    # reduce: arg = (op name in {"add", "mul", "max", "min", "or", "and"}, axes)
+    REDUCE = "reduce"
+    # movement (index arithmetic in the consumer, never a launch)
+    RESHAPE = "reshape"  # arg = new shape
+    PERMUTE = "permute"  # arg = order
+    EXPAND = "expand"  # arg = new shape
+    PAD = "pad"  # arg = (((before, after), ...), fill value)
+    SHRINK = "shrink"  # arg = ((start, step), ...) with the output shape; negative steps flip
+    GATHER = "gather"  # srcs = (x, index), arg = axis
+    # materialization
+    COPY = "copy"  # arg = destination device name
+    CONTIGUOUS = "contiguous"
+    KERNEL = "kernel"  # a library alternative (see LibraryKernel)
+
+
+Op.__hash__ = object.__hash__  # members are singletons: identity hashing is exact and much faster
+
+UNARY = frozenset({Op.NEG, Op.NOT, Op.EXP, Op.EXP2, Op.LOG, Op.LOG2, Op.SIN, Op.COS, Op.TAN, Op.TANH, Op.ERF,
+                   Op.SQRT, Op.RECIP, Op.ABS, Op.FLOOR, Op.CEIL, Op.ROUND, Op.TRUNC, Op.ISNAN, Op.ISINF, Op.CAST})
+BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.IDIV, Op.MOD, Op.POW, Op.MAX, Op.MIN, Op.CMPLT, Op.CMPLE,
+                    Op.CMPEQ, Op.CMPNE, Op.AND, Op.OR, Op.XOR, Op.SHL, Op.SHR})
+ELEMENTWISE = UNARY | BINARY | {Op.WHERE}
+MOVEMENT = frozenset({Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.PAD, Op.SHRINK})
+LEAVES = frozenset({Op.BUFFER, Op.CONST, Op.VAR, Op.IOTA})
+
+
+class Buffer:
+    """A reference to one pool buffer; releases it when the last Python reference goes."""
+
+    __slots__ = ("pool", "id", "nbytes", "device", "__weakref__")
+
+    def __init__(self, pool: Pool, buffer_id: int, nbytes: int, device: str) -> None:
+        self.pool, self.id, self.nbytes, self.device = pool, buffer_id, nbytes, device
+
+    def __del__(self) -> None:
+        try:
+            self.pool.release(self.id)
+        except Exception:  # noqa: BLE001 - interpreter shutdown or a dead backend: nothing left to free
+            pass
+
+
+@dataclass(frozen=True, eq=False)
+class LibraryKernel:
+    """What a device's ``match_graph`` offers for a class: a program on that device and its estimated time.
+
+    ``inputs`` are the classes the program reads, in launch-argument order (the output comes last); each
+    input is materialized contiguously before the launch.
+    """
+
+    device: object
+    program: int
+    inputs: tuple
+    est_ns: float
+    name: str
+    layout: object = None  # device-specific data (strides, transposition flags)
+
+
+class Node:
+    __slots__ = ("op", "srcs", "arg")
+
+    def __init__(self, op: Op, srcs: tuple[Class, ...], arg) -> None:
+        self.op, self.srcs, self.arg = op, srcs, arg
+
+    def __repr__(self) -> str:
+        return f"Node({self.op.name}, arg={self.arg!r}, srcs={len(self.srcs)})"
+
+
+class Class:
+    """One value of the graph: its shape, dtype, device, and the nodes (alternatives) that compute it."""
+
+    __slots__ = ("shape", "dtype", "device", "nodes", "buffer", "key", "var_value", "__weakref__")
+
+    def __init__(self, shape: tuple[int, ...], dtype: DType, device: str, node: Node | None) -> None:
+        self.shape, self.dtype, self.device = shape, dtype, device
+        self.nodes: list[Node] = [node] if node is not None else []
+        self.buffer: Buffer | None = None
+        self.key = None
+        self.var_value = None
+
+    @property
+    def node(self) -> Node:
+        return self.nodes[0]
+
+    @property
+    def op(self) -> Op:
+        return Op.BUFFER if self.buffer is not None else self.nodes[0].op
+
+    @property
+    def srcs(self) -> tuple[Class, ...]:
+        return () if self.buffer is not None else self.nodes[0].srcs
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+    @property
+    def realized(self) -> bool:
+        return self.buffer is not None
+
+    def set_buffer(self, buffer: Buffer) -> None:
+        """Become a leaf holding ``buffer``; forget how the value was computed."""
+        self.buffer = buffer
+        self.nodes = []
+        if self.key is not None:
+            if _cache.get(self.key) is self:
+                del _cache[self.key]
+            self.key = None
+
+    def __repr__(self) -> str:
+        return f"Class({self.op.name}, {self.shape}, {self.dtype.name}, {self.device})"
+
+
+_cache: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def make(op: Op, srcs: tuple[Class, ...], arg, shape: tuple[int, ...], dtype: DType, device: str) -> Class:
+    """The class computing ``op(srcs; arg)``: an existing one when the same node was built before."""
+    if op is Op.VAR:
+        return Class(shape, dtype, device, Node(op, srcs, arg))
+    karg = ("f", arg.hex()) if op is Op.CONST and type(arg) is float else arg  # keeps -0.0 and nan apart
+    key = (op, karg, dtype, device, shape, *map(id, srcs))
+    c = _cache.get(key)
+    if c is not None:
+        return c
+    c = Class(shape, dtype, device, Node(op, srcs, arg))
+    c.key = key
+    _cache[key] = c
+    return c
+
+
+def leaf(buffer: Buffer, shape: tuple[int, ...], dtype: DType) -> Class:
+    c = Class(shape, dtype, buffer.device, None)
+    c.buffer = buffer
+    return c
+
+
+def var(value, dtype: DType, device: str) -> Class:
+    c = make(Op.VAR, (), None, (), dtype, device)
+    c.var_value = value
+    return c
+
+
+def live_classes() -> int:
+    """Classes held by the hash-cons cache (for memory tests)."""
+    return len(_cache)

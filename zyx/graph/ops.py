@@ -1,0 +1,129 @@
+"""Graph builders: one function per node kind, computing the result's shape and dtype.
+
+Callers (the Tensor layer) validate user input; these functions assume operands already agree (same shape
+for elementwise ops, same device) and only assert it.
+"""
+
+from __future__ import annotations
+
+import math
+
+from zyx import dtypes
+from zyx.dtypes import DType
+from zyx.graph.node import BINARY, Class, Op, make
+
+COMPARISONS = frozenset({Op.CMPLT, Op.CMPLE, Op.CMPEQ, Op.CMPNE, Op.ISNAN, Op.ISINF})
+
+
+def const(value, shape: tuple[int, ...], dtype: DType, device: str) -> Class:
+    if dtype.kind == "b":
+        value = bool(value)
+    elif dtype.is_int:
+        value = int(value)
+    else:
+        value = float(value)
+    return make(Op.CONST, (), value, tuple(shape), dtype, device)
+
+
+def iota(n: int, dtype: DType, device: str) -> Class:
+    return make(Op.IOTA, (), None, (n,), dtype, device)
+
+
+def unary(op: Op, x: Class) -> Class:
+    d = dtypes.bool_ if op in COMPARISONS else x.dtype
+    return make(op, (x,), None, x.shape, d, x.device)
+
+
+def cast(x: Class, dtype: DType) -> Class:
+    if x.dtype is dtype:
+        return x
+    return make(Op.CAST, (x,), None, x.shape, dtype, x.device)
+
+
+def binary(op: Op, a: Class, b: Class) -> Class:
+    assert op in BINARY and a.shape == b.shape and a.device == b.device, (op, a, b)
+    d = dtypes.bool_ if op in COMPARISONS else a.dtype
+    return make(op, (a, b), None, a.shape, d, a.device)
+
+
+def where(c: Class, a: Class, b: Class) -> Class:
+    assert c.shape == a.shape == b.shape and a.dtype is b.dtype
+    return make(Op.WHERE, (c, a, b), None, a.shape, a.dtype, a.device)
+
+
+def reduce(op: str, x: Class, axes: tuple[int, ...]) -> Class:
+    """Reduce over ``axes`` keeping them as size 1."""
+    axes = tuple(sorted(a for a in axes if x.shape[a] != 1))
+    if not axes:
+        return x
+    shape = tuple(1 if i in axes else s for i, s in enumerate(x.shape))
+    return make(Op.REDUCE, (x,), (op, axes), shape, x.dtype, x.device)
+
+
+def reshape(x: Class, shape: tuple[int, ...]) -> Class:
+    shape = tuple(shape)
+    if shape == x.shape:
+        return x
+    assert math.prod(shape) == x.numel, (x.shape, shape)
+    if x.op is Op.RESHAPE:
+        x = x.srcs[0]
+        if x.shape == shape:
+            return x
+    if x.op is Op.CONST:
+        return const(x.node.arg, shape, x.dtype, x.device)
+    return make(Op.RESHAPE, (x,), shape, shape, x.dtype, x.device)
+
+
+def permute(x: Class, order: tuple[int, ...]) -> Class:
+    order = tuple(order)
+    if order == tuple(range(len(order))):
+        return x
+    if x.op is Op.CONST:
+        return const(x.node.arg, tuple(x.shape[o] for o in order), x.dtype, x.device)
+    if x.op is Op.PERMUTE:
+        inner = x.node.arg
+        return permute(x.srcs[0], tuple(inner[o] for o in order))
+    return make(Op.PERMUTE, (x,), order, tuple(x.shape[o] for o in order), x.dtype, x.device)
+
+
+def expand(x: Class, shape: tuple[int, ...]) -> Class:
+    shape = tuple(shape)
+    if shape == x.shape:
+        return x
+    assert len(shape) == len(x.shape) and all(s == o or s == 1 for s, o in zip(x.shape, shape)), (x.shape, shape)
+    if x.op is Op.CONST:
+        return const(x.node.arg, shape, x.dtype, x.device)
+    return make(Op.EXPAND, (x,), shape, shape, x.dtype, x.device)
+
+
+def pad(x: Class, pads: tuple[tuple[int, int], ...], fill=0) -> Class:
+    pads = tuple((int(a), int(b)) for a, b in pads)
+    if all(p == (0, 0) for p in pads):
+        return x
+    fill = bool(fill) if x.dtype.kind == "b" else (int(fill) if x.dtype.is_int else float(fill))
+    shape = tuple(s + a + b for s, (a, b) in zip(x.shape, pads))
+    return make(Op.PAD, (x,), (pads, fill), shape, x.dtype, x.device)
+
+
+def shrink(x: Class, spec: tuple[tuple[int, int, int], ...]) -> Class:
+    """Slice every axis by (start, stop, step) as Python's ``range``; negative steps flip."""
+    shape = tuple(len(range(a, b, c)) for a, b, c in spec)
+    arg = tuple((a, c) for a, b, c in spec)
+    if shape == x.shape and all(s == (0, 1) for s in arg):
+        return x
+    if x.op is Op.CONST:
+        return const(x.node.arg, shape, x.dtype, x.device)
+    return make(Op.SHRINK, (x,), arg, shape, x.dtype, x.device)
+
+
+def gather(x: Class, index: Class, axis: int) -> Class:
+    shape = x.shape[:axis] + index.shape + x.shape[axis + 1:]
+    return make(Op.GATHER, (x, index), axis, shape, x.dtype, x.device)
+
+
+def copy_to(x: Class, device: str) -> Class:
+    return make(Op.COPY, (x,), device, x.shape, x.dtype, device)
+
+
+def contiguous(x: Class) -> Class:
+    return make(Op.CONTIGUOUS, (x,), None, x.shape, x.dtype, x.device)

@@ -1,0 +1,303 @@
+"""Realize: turn the classes the outputs need into launches, cache the plan by structure, run it.
+
+Invariants:
+- A plan depends only on the graph's structure (ops, args, shapes, dtypes, devices, sharing), never on
+  buffer contents or scalar-variable values, so it is cached under that structure: a training loop plans and
+  compiles once, then replays.
+- A class is stored to memory (a kernel boundary) when it is an output, the input or output of a copy or
+  library node, a reduce needed by more than one kernel, a reduce whose placement would recompute it
+  (``recompute_factors``), or a costly elementwise value needed by several kernels. Everything else is
+  inlined into the kernel that needs it; movement ops are index arithmetic.
+- Outputs receive their buffers only after every launch of the plan was issued without error.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from zyx.backends.base import Device, Pool
+from zyx.backends.registry import registry
+from zyx.graph.extract import choose
+from zyx.graph.lower import KernelBuilder, recompute_factors
+from zyx.graph.node import ELEMENTWISE, Buffer, Class, LibraryKernel, Op
+from zyx.kernel.ir import Ops
+from zyx.utils import STATS, debug_on, deep_call, log
+
+SCHEDULE_CACHE_SIZE = 2048
+SHARED_ELEMENTWISE_COST = 12
+
+
+@dataclass
+class Step:
+    kind: str  # "generated", "library", "copy"
+    device: str
+    name: str
+    args: tuple[int, ...]  # slots
+    dev: Device | None = None
+    program: int | None = None
+    src_pool: Pool | None = None
+    dst_pool: Pool | None = None
+    source: object = None  # the ir.Kernel (generated) or LibraryKernel
+
+    def __repr__(self) -> str:
+        return f"Step({self.kind}, {self.name!r} on {self.device})"
+
+
+@dataclass
+class Plan:
+    n_leaves: int
+    alloc: list[tuple[int, Pool, str, int]]  # (slot, pool, device name, nbytes)
+    steps: list[Step]
+    release_after: list[list[int]]
+    outputs: list[int]
+    n_slots: int
+    meta: dict = field(default_factory=dict)
+
+
+_plans: OrderedDict = OrderedDict()
+
+
+def clear_cache() -> None:
+    _plans.clear()
+
+
+def collect(outputs: list[Class]) -> tuple[list[Class], list[Class]]:
+    """Unrealized classes the outputs need (sources first) and the leaves they read (buffers, variables)."""
+    order: list[Class] = []
+    leaves: list[Class] = []
+    seen: set[int] = set()
+    var = Op.VAR
+    for out in outputs:
+        if id(out) in seen:
+            continue
+        stack: list = [out]
+        while stack:
+            c = stack.pop()
+            if c.__class__ is _Done:
+                order.append(c.c)
+                continue
+            if id(c) in seen:
+                continue
+            seen.add(id(c))
+            if c.buffer is not None or c.nodes[0].op is var:
+                leaves.append(c)
+                continue
+            stack.append(_Done(c))
+            stack.extend(reversed(c.nodes[0].srcs))
+    return order, leaves
+
+
+class _Done:
+    __slots__ = ("c",)
+
+    def __init__(self, c: Class) -> None:
+        self.c = c
+
+
+def structure_key(order: list[Class], leaves: list[Class], outputs: list[Class]) -> tuple:
+    index: dict[int, int] = {}
+    parts: list = []
+    for c in leaves:
+        index[id(c)] = len(index)
+        parts.append(("var" if c.buffer is None else "leaf", c.shape, c.dtype, c.device))
+    for c in order:
+        index[id(c)] = len(index)
+        n = c.nodes[0]
+        arg = n.arg
+        if type(arg) is float:
+            arg = arg.hex()
+        parts.append((n.op, arg, c.shape, c.dtype, c.device, *[index[id(s)] for s in n.srcs]))
+    parts.append(tuple(index[id(o)] for o in outputs))
+    return tuple(parts)
+
+
+def _consumers(order: list[Class]) -> dict[int, list[Class]]:
+    users: dict[int, list[Class]] = {}
+    for c in order:
+        for s in c.srcs:
+            users.setdefault(id(s), []).append(c)
+    return users
+
+
+def _kernel_users(order: list[Class], materialized: set[Class]) -> dict[int, set[int]]:
+    """For each inlined class: the set of kernel roots (by id) that inline it."""
+    out: dict[int, set[int]] = {}
+    for root in order:
+        if root not in materialized:
+            continue
+        stack = list(root.srcs)
+        seen: set[int] = set()
+        while stack:
+            c = stack.pop()
+            if id(c) in seen or c.realized or c in materialized or c.op is Op.VAR:
+                continue
+            seen.add(id(c))
+            out.setdefault(id(c), set()).add(id(root))
+            stack.extend(c.srcs)
+    return out
+
+
+def _cone_cost(c: Class, materialized: set[Class], memo: dict[int, int]) -> int:
+    if id(c) in memo:
+        return memo[id(c)]
+    if c.realized or c in materialized or c.op is Op.VAR:
+        return 0
+    n = c.node
+    own = 1 if n.op in ELEMENTWISE else (1 << 20 if n.op is Op.REDUCE else 0)
+    if n.op in (Op.EXP, Op.LOG, Op.SIN, Op.COS, Op.TAN, Op.TANH, Op.ERF, Op.POW, Op.EXP2, Op.LOG2):
+        own = 4
+    memo[id(c)] = own + sum(_cone_cost(s, materialized, memo) for s in n.srcs)
+    return memo[id(c)]
+
+
+def _kernel_name(c: Class, has_reduce: bool) -> str:
+    shape = "_".join(str(s) for s in c.shape) or "s"
+    return f"{'r' if has_reduce else 'e'}_{shape}_{c.dtype.name}"
+
+
+def plan(order: list[Class], leaves: list[Class], outputs: list[Class]) -> Plan:
+    reg = registry()
+    chosen = choose(order, outputs)
+    materialized: set[Class] = set(outputs)
+    for c in order:
+        op = c.op
+        if op in (Op.COPY, Op.CONTIGUOUS):
+            materialized.add(c)
+            if op is Op.COPY:
+                materialized.add(c.srcs[0])
+        node = chosen.get(id(c))
+        if node is not None and node.op is Op.KERNEL:
+            materialized.add(c)
+            materialized.update(node.arg.inputs)
+
+    # grow the materialized set until no kernel recomputes a reduce or shares a costly value
+    builders: dict[int, KernelBuilder] = {}
+    while True:
+        grew = False
+        users = _kernel_users(order, materialized)
+        memo: dict[int, int] = {}
+        for c in order:
+            if c in materialized or len(users.get(id(c), ())) < 2:
+                continue
+            if c.op is Op.REDUCE or (c.op in ELEMENTWISE and _cone_cost(c, materialized, memo) >= SHARED_ELEMENTWISE_COST):
+                materialized.add(c)
+                grew = True
+        if grew:
+            continue
+        builders.clear()
+        for c in order:
+            if c not in materialized or c.numel == 0 or c.op in (Op.COPY,) or \
+                    (chosen.get(id(c)) is not None and chosen[id(c)].op is Op.KERNEL):
+                continue
+            b = KernelBuilder("k", materialized)
+            b.add_output(c)
+            k = b.kernel()
+            for e, factor in recompute_factors(k).items():
+                if factor > 1:
+                    materialized.add(b.reduce_class[e])
+                    grew = True
+            builders[id(c)] = b
+        if not grew:
+            break
+
+    slot: dict[int, int] = {id(c): i for i, c in enumerate(leaves)}
+    alloc: list[tuple[int, Pool, str, int]] = []
+    steps: list[Step] = []
+    for c in order:
+        if c not in materialized:
+            continue
+        s = len(slot)
+        slot[id(c)] = s
+        pl = reg.get(c.device)
+        alloc.append((s, pl.pool, c.device, c.nbytes))
+    for c in order:
+        if c not in materialized or c.numel == 0:
+            continue
+        node = chosen.get(id(c))
+        if c.op is Op.COPY:
+            src = c.srcs[0]
+            steps.append(Step("copy", c.device, f"copy {src.device}->{c.device} {c.nbytes}B",
+                              (slot[id(src)], slot[id(c)]), src_pool=reg.get(src.device).pool,
+                              dst_pool=reg.get(c.device).pool))
+        elif node is not None and node.op is Op.KERNEL:
+            lib: LibraryKernel = node.arg
+            args = tuple(slot[id(i)] for i in lib.inputs) + (slot[id(c)],)
+            steps.append(Step("library", c.device, lib.name, args, dev=lib.device, program=lib.program, source=lib))
+        else:
+            b = builders[id(c)]
+            k = b.kernel()
+            has_reduce = any(e.op is Ops.REDUCE for e in b.reduce_class)
+            k = type(k)(_kernel_name(c, has_reduce), k.params, k.loops, k.stores)
+            dev = reg.get(c.device).primary
+            program = dev.compile(k)
+            steps.append(Step("generated", c.device, k.name, tuple(slot[id(p)] for p in b.param_classes), dev=dev,
+                              program=program, source=k))
+    out_slots = [slot[id(o)] for o in outputs]
+    last_use: dict[int, int] = {}
+    for i, st in enumerate(steps):
+        for a in st.args:
+            last_use[a] = i
+    keep = set(out_slots) | set(range(len(leaves)))
+    release_after: list[list[int]] = [[] for _ in steps]
+    for s, i in last_use.items():
+        if s not in keep:
+            release_after[i].append(s)
+    if debug_on("sched"):
+        for st in steps:
+            log("sched", f"{st.kind:9s} {st.device:7s} {st.name}")
+    return Plan(len(leaves), alloc, steps, release_after, out_slots, len(slot))
+
+
+def get_plan(outputs: list[Class]) -> tuple[Plan | None, list[Class], list[Class]]:
+    outs = []
+    seen = set()
+    for o in outputs:
+        if not o.realized and id(o) not in seen:
+            seen.add(id(o))
+            outs.append(o)
+    if not outs:
+        return None, [], []
+    order, leaves = collect(outs)
+    key = structure_key(order, leaves, outs)
+    p = _plans.get(key)
+    if p is not None:
+        _plans.move_to_end(key)
+        STATS["schedule_cache_hits"] += 1
+    else:
+        STATS["schedule_cache_misses"] += 1
+        p = deep_call(plan, order, leaves, outs)
+        _plans[key] = p
+        if len(_plans) > SCHEDULE_CACHE_SIZE:
+            _plans.popitem(last=False)
+    return p, leaves, outs
+
+
+def realize(outputs: list[Class]) -> None:
+    """Compute every class in ``outputs`` that is not yet realized; they become buffer leaves."""
+    p, leaves, outs = get_plan(outputs)
+    if p is None:
+        return
+    table: list = [None] * p.n_slots
+    for i, c in enumerate(leaves):
+        table[i] = c.buffer if c.realized else c.var_value
+    for s, pool, device, nbytes in p.alloc:
+        table[s] = Buffer(pool, pool.allocate(nbytes), nbytes, device)
+    STATS["realizes"] += 1
+    for st, rel in zip(p.steps, p.release_after):
+        if st.kind == "copy":
+            src, dst = table[st.args[0]], table[st.args[1]]
+            st.dst_pool.pool_to_pool(st.src_pool, src.id, dst.id)
+            STATS["copies"] += 1
+        else:
+            st.dev.launch(st.program, [a.id if isinstance(a, Buffer) else a for a in map(table.__getitem__, st.args)])
+        for r in rel:
+            table[r] = None
+    for c, s in zip(outs, p.outputs):
+        c.set_buffer(table[s])
+
+
+def scheduled_steps(outputs: list[Class]) -> list[Step]:
+    p, _, _ = get_plan(outputs)
+    return [] if p is None else list(p.steps)
+

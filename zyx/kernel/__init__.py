@@ -1,0 +1,1 @@
+"""Kernel IR, its optimizations, and the C-like renderers."""

@@ -1,0 +1,578 @@
+"""Kernel IR: an interned, typed expression DAG plus the stores of one kernel.
+
+Invariants:
+- ``Expr`` nodes are interned: structurally equal expressions are the same object, so ``is`` is equality
+  and a dict keyed by ``Expr`` is CSE.
+- Integer expressions carry bounds (``vmin``, ``vmax``); constructors simplify index arithmetic with them
+  (``ir.add``, ``ir.mul``, ``ir.idiv``, ``ir.mod``, comparisons). Integer ``DIV``/``MOD`` floor (NumPy
+  semantics); the simplifications are applied only to provably non-negative numerators.
+- ``LOAD`` may carry a gate: a false gate yields 0 and touches no memory.
+- ``REDUCE`` owns its ``RANGE`` nodes; ranges are unique to the reduce or output loop that declares them.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import math
+import weakref
+from dataclasses import dataclass, field
+
+from zyx import dtypes
+from zyx.dtypes import DType
+
+
+class Ops(enum.IntEnum):
+    CONST = enum.auto()
+    RANGE = enum.auto()  # arg = (range id, size)
+    VAR = enum.auto()  # scalar kernel parameter, arg = param index
+    LOAD = enum.auto()  # srcs = (index,) or (index, gate); arg = param index
+    # unary
+    NEG = enum.auto()
+    NOT = enum.auto()  # logical not on bool, bitwise not on integers
+    EXP = enum.auto()
+    EXP2 = enum.auto()
+    LOG = enum.auto()
+    LOG2 = enum.auto()
+    SIN = enum.auto()
+    COS = enum.auto()
+    TAN = enum.auto()
+    TANH = enum.auto()
+    ERF = enum.auto()
+    SQRT = enum.auto()
+    RECIP = enum.auto()
+    ABS = enum.auto()
+    FLOOR = enum.auto()
+    CEIL = enum.auto()
+    ROUND = enum.auto()  # half to even
+    TRUNC = enum.auto()
+    ISNAN = enum.auto()
+    ISINF = enum.auto()
+    # binary
+    ADD = enum.auto()
+    SUB = enum.auto()
+    MUL = enum.auto()
+    DIV = enum.auto()  # float division; on integers floor division (NumPy) with x // 0 = 0
+    MOD = enum.auto()  # floats: C fmod (sign of the dividend); integers: floor remainder (NumPy) with x % 0 = 0
+    POW = enum.auto()
+    MAX = enum.auto()  # NaN-propagating
+    MIN = enum.auto()
+    CMPLT = enum.auto()
+    CMPLE = enum.auto()
+    CMPEQ = enum.auto()
+    CMPNE = enum.auto()
+    AND = enum.auto()
+    OR = enum.auto()
+    XOR = enum.auto()
+    SHL = enum.auto()
+    SHR = enum.auto()
+    # ternary
+    WHERE = enum.auto()
+    # conversion
+    CAST = enum.auto()
+    BITCAST = enum.auto()
+    # loops
+    REDUCE = enum.auto()  # srcs = (value,), arg = (op, ranges); dtype = accumulator dtype
+
+
+Ops.__hash__ = object.__hash__  # members are singletons: identity hashing is exact and much faster
+
+UNARY = frozenset({Ops.NEG, Ops.NOT, Ops.EXP, Ops.EXP2, Ops.LOG, Ops.LOG2, Ops.SIN, Ops.COS, Ops.TAN, Ops.TANH,
+                   Ops.ERF, Ops.SQRT, Ops.RECIP, Ops.ABS, Ops.FLOOR, Ops.CEIL, Ops.ROUND, Ops.TRUNC, Ops.ISNAN,
+                   Ops.ISINF})
+BINARY = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.DIV, Ops.MOD, Ops.POW, Ops.MAX, Ops.MIN, Ops.CMPLT, Ops.CMPLE,
+                    Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR})
+COMPARE = frozenset({Ops.CMPLT, Ops.CMPLE, Ops.CMPEQ, Ops.CMPNE, Ops.ISNAN, Ops.ISINF})
+TRANSCENDENTAL = frozenset({Ops.EXP, Ops.EXP2, Ops.LOG, Ops.LOG2, Ops.SIN, Ops.COS, Ops.TAN, Ops.TANH, Ops.ERF,
+                            Ops.POW})
+REDUCE_OPS = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.MIN, Ops.OR, Ops.AND})
+
+index_dtype = dtypes.int64
+
+_interned: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+class Expr:
+    """One interned IR node. Build through the constructors below, never directly."""
+
+    __slots__ = ("op", "dtype", "srcs", "arg", "vmin", "vmax", "skey", "_ranges", "__weakref__")
+
+    op: Ops
+    dtype: DType
+    srcs: tuple[Expr, ...]
+    arg: object
+    vmin: int | float
+    vmax: int | float
+    skey: bytes
+
+    def __repr__(self) -> str:
+        if self.op is Ops.CONST:
+            return f"{self.arg!r}"
+        if self.op is Ops.RANGE:
+            return f"r{self.arg[0]}"
+        inner = ", ".join(repr(s) for s in self.srcs)
+        extra = f"; {self.arg}" if self.arg is not None else ""
+        return f"{self.op.name}({inner}{extra})"
+
+    def __lt__(self, other: Expr) -> bool:
+        return self.skey < other.skey
+
+    @property
+    def ranges(self) -> frozenset[Expr]:
+        """The loop ranges this value depends on (a reduce hides its own)."""
+        if self._ranges is None:
+            if self.op is Ops.RANGE:
+                r = frozenset((self,))
+            elif self.op is Ops.REDUCE:
+                r = self.srcs[0].ranges - frozenset(self.arg[1])
+            else:
+                r = frozenset().union(*(s.ranges for s in self.srcs)) if self.srcs else frozenset()
+            self._ranges = r
+        return self._ranges
+
+    # arithmetic sugar for index code
+    def __add__(self, o):
+        return add(self, _c(o))
+
+    __radd__ = __add__
+
+    def __mul__(self, o):
+        return mul(self, _c(o))
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, o: int):
+        return idiv(self, o)
+
+    def __mod__(self, o: int):
+        return mod(self, o)
+
+    def __neg__(self):
+        return mul(self, const(-1, self.dtype))
+
+    def __sub__(self, o):
+        return add(self, mul(_c(o), const(-1, index_dtype)))
+
+
+def _c(x) -> Expr:
+    return x if isinstance(x, Expr) else const(x, index_dtype)
+
+
+def _dtype_bounds(d: DType) -> tuple:
+    if d.kind == "b":
+        return 0, 1
+    if d.is_int:
+        return dtypes.min_max(d)
+    return -math.inf, math.inf
+
+
+def _make(op: Ops, dtype: DType, srcs: tuple[Expr, ...] = (), arg=None, bounds: tuple | None = None) -> Expr:
+    key = (op, dtype.name, tuple(id(s) for s in srcs), arg if op is not Ops.REDUCE else (arg[0], tuple(map(id, arg[1]))))
+    e = _interned.get(key)
+    if e is not None:
+        return e
+    e = object.__new__(Expr)
+    e.op, e.dtype, e.srcs, e.arg = op, dtype, srcs, arg
+    e.vmin, e.vmax = bounds if bounds is not None else _dtype_bounds(dtype)
+    h = hashlib.blake2b(digest_size=12)
+    h.update(f"{op.value}|{dtype.name}|{arg if op is not Ops.REDUCE else arg[0]!r}|".encode())
+    for s in srcs:
+        h.update(s.skey)
+    if op is Ops.REDUCE:
+        for r in arg[1]:
+            h.update(r.skey)
+    e.skey = h.digest()
+    e._ranges = None
+    _interned[key] = e
+    return e
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# leaves
+
+
+def const(value, dtype: DType) -> Expr:
+    if dtype.kind == "b":
+        value = bool(value)
+    elif dtype.is_int:
+        value = int(value)
+    else:
+        value = float(value)
+    b = (value, value) if not (isinstance(value, float) and math.isnan(value)) else (-math.inf, math.inf)
+    return _make(Ops.CONST, dtype, (), value, b)
+
+
+def range_(rid: int, size: int) -> Expr:
+    return _make(Ops.RANGE, index_dtype, (), (rid, size), (0, max(size - 1, 0)))
+
+
+def var(param: int, dtype: DType) -> Expr:
+    return _make(Ops.VAR, dtype, (), param)
+
+
+def load(param: int, dtype: DType, index: Expr, gate: Expr | None = None) -> Expr:
+    if gate is not None and gate.op is Ops.CONST:
+        if not gate.arg:
+            return const(0, dtype)
+        gate = None
+    return _make(Ops.LOAD, dtype, (index,) if gate is None else (index, gate), param)
+
+
+def is_const(e: Expr, value=None) -> bool:
+    return e.op is Ops.CONST and (value is None or e.arg == value)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# integer index arithmetic with bounds-based simplification
+
+
+def _linear(e: Expr) -> tuple[dict[Expr, int], int]:
+    """Decompose an integer expression into sum(coef * atom) + constant."""
+    if e.op is Ops.CONST:
+        return {}, e.arg
+    if e.op is Ops.ADD:
+        t0, c0 = _linear(e.srcs[0])
+        t1, c1 = _linear(e.srcs[1])
+        for k, v in t1.items():
+            t0[k] = t0.get(k, 0) + v
+        return t0, c0 + c1
+    if e.op is Ops.MUL and e.srcs[1].op is Ops.CONST:
+        t, c = _linear(e.srcs[0])
+        k = e.srcs[1].arg
+        return {a: v * k for a, v in t.items()}, c * k
+    return {e: 1}, 0
+
+
+def _fold_divmod_pairs(terms: dict[Expr, int]) -> None:
+    """c*(x//c)*k + (x%c)*k  ->  x*k."""
+    for atom in [a for a in terms if a.op is Ops.MOD]:
+        if atom not in terms:
+            continue
+        x, c = atom.srcs[0], atom.srcs[1].arg
+        k = terms[atom]
+        q = _interned.get((Ops.DIV, atom.dtype.name, (id(x), id(atom.srcs[1])), None))
+        if q is not None and terms.get(q) == k * c:
+            del terms[atom], terms[q]
+            for a, v in _linear(x)[0].items():
+                terms[a] = terms.get(a, 0) + v * k
+            terms[_CONST_SLOT] = terms.get(_CONST_SLOT, 0) + _linear(x)[1] * k
+
+
+_CONST_SLOT = None  # key for a constant produced while folding; popped by _rebuild
+
+
+def _rebuild(terms: dict, c: int, dtype: DType) -> Expr:
+    c += terms.pop(_CONST_SLOT, 0)
+    out: Expr | None = None
+    for atom in sorted((a for a, v in terms.items() if v != 0), key=lambda a: a.skey):
+        k = terms[atom]
+        t = atom if k == 1 else _make(Ops.MUL, dtype, (atom, const(k, dtype)), None,
+                                      _mul_bounds(atom, k))
+        out = t if out is None else _make(Ops.ADD, dtype, (out, t), None, (out.vmin + t.vmin, out.vmax + t.vmax))
+    if out is None:
+        return const(c, dtype)
+    if c != 0:
+        out = _make(Ops.ADD, dtype, (out, const(c, dtype)), None, (out.vmin + c, out.vmax + c))
+    return out
+
+
+def _mul_bounds(a: Expr, k: int) -> tuple:
+    lo, hi = a.vmin * k, a.vmax * k
+    return (min(lo, hi), max(lo, hi))
+
+
+def _is_index(*es: Expr) -> bool:
+    return all(e.dtype.is_int for e in es)
+
+
+def add(a: Expr, b: Expr) -> Expr:
+    if _is_index(a, b) and a.dtype is b.dtype:
+        t0, c0 = _linear(a)
+        t1, c1 = _linear(b)
+        for k, v in t1.items():
+            t0[k] = t0.get(k, 0) + v
+        _fold_divmod_pairs(t0)
+        return _rebuild(t0, c0 + c1, a.dtype)
+    return alu(Ops.ADD, a, b)
+
+
+def mul(a: Expr, b: Expr) -> Expr:
+    if _is_index(a, b) and a.dtype is b.dtype:
+        if a.op is Ops.CONST:
+            a, b = b, a
+        if b.op is Ops.CONST:
+            if b.arg == 0:
+                return const(0, a.dtype)
+            t, c = _linear(a)
+            return _rebuild({k: v * b.arg for k, v in t.items()}, c * b.arg, a.dtype)
+    return alu(Ops.MUL, a, b)
+
+
+def idiv(a: Expr, c: int) -> Expr:
+    """a // c for a non-negative index expression ``a`` and a positive constant ``c``."""
+    assert c > 0
+    if c == 1:
+        return a
+    if a.vmin >= 0:
+        if a.vmax < c:
+            return const(0, a.dtype)
+        terms, k0 = _linear(a)
+        g = math.gcd(c, k0, *terms.values())
+        if g > 1:
+            return idiv(_rebuild({k: v // g for k, v in terms.items()}, k0 // g, a.dtype), c // g)
+        whole = {k: v // c for k, v in terms.items() if v % c == 0}
+        rest = {k: v for k, v in terms.items() if v % c != 0}
+        if whole or k0 >= c:
+            r = _rebuild(dict(rest), k0 % c, a.dtype)
+            if r.vmin >= 0:
+                return add(_rebuild(whole, k0 // c, a.dtype), idiv(r, c))
+        if a.op is Ops.DIV and a.srcs[1].op is Ops.CONST and a.srcs[0].vmin >= 0:
+            return idiv(a.srcs[0], a.srcs[1].arg * c)
+        return _make(Ops.DIV, a.dtype, (a, const(c, a.dtype)), None, (a.vmin // c, a.vmax // c))
+    return alu(Ops.DIV, a, const(c, a.dtype))
+
+
+def mod(a: Expr, c: int) -> Expr:
+    """a % c for a non-negative index expression ``a`` and a positive constant ``c``."""
+    assert c > 0
+    if c == 1:
+        return const(0, a.dtype)
+    if a.vmin >= 0:
+        if a.vmax < c:
+            return a
+        terms, k0 = _linear(a)
+        rest = {k: v for k, v in terms.items() if v % c != 0}
+        if len(rest) < len(terms) or k0 >= c:
+            r = _rebuild(rest, k0 % c, a.dtype)
+            if r.vmin >= 0:
+                return mod(r, c)
+        if a.op is Ops.MOD and a.srcs[1].op is Ops.CONST and a.srcs[1].arg % c == 0:
+            return mod(a.srcs[0], c)
+        return _make(Ops.MOD, a.dtype, (a, const(c, a.dtype)), None, (0, min(c - 1, a.vmax)))
+    return alu(Ops.MOD, a, const(c, a.dtype))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# generic ALU with light folding
+
+
+def _result_dtype(op: Ops, srcs: tuple[Expr, ...]) -> DType:
+    if op in COMPARE:
+        return dtypes.bool_
+    if op is Ops.WHERE:
+        return srcs[1].dtype
+    return srcs[0].dtype
+
+
+def _bounds(op: Ops, dtype: DType, srcs: tuple[Expr, ...]) -> tuple | None:
+    if not dtype.is_int and dtype.kind != "b":
+        return None
+    if op in COMPARE or dtype.kind == "b":
+        return 0, 1
+    a = srcs[0]
+    if op is Ops.ADD:
+        return a.vmin + srcs[1].vmin, a.vmax + srcs[1].vmax
+    if op is Ops.MUL:
+        b = srcs[1]
+        cands = [a.vmin * b.vmin, a.vmin * b.vmax, a.vmax * b.vmin, a.vmax * b.vmax]
+        if any(math.isinf(x) or math.isnan(x) for x in cands):
+            return None
+        return min(cands), max(cands)
+    if op is Ops.WHERE:
+        return min(srcs[1].vmin, srcs[2].vmin), max(srcs[1].vmax, srcs[2].vmax)
+    if op is Ops.MAX:
+        return max(a.vmin, srcs[1].vmin), max(a.vmax, srcs[1].vmax)
+    if op is Ops.MIN:
+        return min(a.vmin, srcs[1].vmin), min(a.vmax, srcs[1].vmax)
+    if op is Ops.NEG and not dtype.is_unsigned:
+        return -a.vmax, -a.vmin
+    return None
+
+
+def _decide_compare(op: Ops, a: Expr, b: Expr) -> bool | None:
+    if not (_is_index(a, b)):
+        return None
+    if op is Ops.CMPLT:
+        if a.vmax < b.vmin:
+            return True
+        if a.vmin >= b.vmax:
+            return False
+    if op is Ops.CMPLE:
+        if a.vmax <= b.vmin:
+            return True
+        if a.vmin > b.vmax:
+            return False
+    if op in (Ops.CMPEQ, Ops.CMPNE) and (a.vmax < b.vmin or a.vmin > b.vmax):
+        return op is Ops.CMPNE
+    return None
+
+
+def alu(op: Ops, *srcs: Expr) -> Expr:
+    srcs = tuple(srcs)
+    dtype = _result_dtype(op, srcs)
+    if op in COMPARE and len(srcs) == 2:
+        decided = _decide_compare(op, *srcs)
+        if decided is not None:
+            return const(decided, dtypes.bool_)
+    if op is Ops.AND and dtype.kind == "b":
+        a, b = srcs
+        if a.op is Ops.CONST:
+            return b if a.arg else a
+        if b.op is Ops.CONST:
+            return a if b.arg else b
+        if a is b:
+            return a
+    if op is Ops.OR and dtype.kind == "b":
+        a, b = srcs
+        if a.op is Ops.CONST:
+            return a if a.arg else b
+        if b.op is Ops.CONST:
+            return b if b.arg else a
+    if op is Ops.WHERE:
+        c, x, y = srcs
+        if c.op is Ops.CONST:
+            return x if c.arg else y
+        if x is y:
+            return x
+    if op is Ops.MUL and dtype.is_float:
+        a, b = srcs
+        if b.op is Ops.CONST and b.arg == 1.0:
+            return a
+        if a.op is Ops.CONST and a.arg == 1.0:
+            return b
+    if op in (Ops.ADD, Ops.MUL) and _is_index(*srcs) and srcs[0].dtype is srcs[1].dtype:
+        return add(*srcs) if op is Ops.ADD else mul(*srcs)
+    if op is Ops.NOT and srcs[0].op is Ops.NOT:
+        return srcs[0].srcs[0]
+    return _make(op, dtype, srcs, None, _bounds(op, dtype, srcs))
+
+
+def where(c: Expr, x: Expr, y: Expr) -> Expr:
+    return alu(Ops.WHERE, c, x, y)
+
+
+def and_(a: Expr, b: Expr) -> Expr:
+    return alu(Ops.AND, a, b)
+
+
+def cast(x: Expr, dtype: DType) -> Expr:
+    if x.dtype is dtype:
+        return x
+    if x.op is Ops.CONST:
+        return const(x.arg, dtype) if not dtype.is_int or not isinstance(x.arg, float) or math.isfinite(x.arg) \
+            else _make(Ops.CAST, dtype, (x,))
+    b = (x.vmin, x.vmax) if (x.dtype.is_int or x.dtype.kind == "b") and dtype.is_int and \
+        _dtype_bounds(dtype)[0] <= x.vmin and x.vmax <= _dtype_bounds(dtype)[1] else None
+    return _make(Ops.CAST, dtype, (x,), None, b)
+
+
+def bitcast(x: Expr, dtype: DType) -> Expr:
+    return x if x.dtype is dtype else _make(Ops.BITCAST, dtype, (x,))
+
+
+def reduce(op: Ops, value: Expr, ranges: tuple[Expr, ...], acc_dtype: DType | None = None) -> Expr:
+    """Reduce ``value`` over ``ranges`` (removed from its dependencies)."""
+    assert op in REDUCE_OPS
+    ranges = tuple(r for r in ranges if r.arg[1] != 1 or r in value.ranges)
+    if not ranges:
+        return value
+    return _make(Ops.REDUCE, acc_dtype or value.dtype, (value,), (op, ranges))
+
+
+def substitute(e: Expr, mapping: dict[Expr, Expr], memo: dict | None = None) -> Expr:
+    """Rebuild ``e`` with nodes replaced per ``mapping``, re-simplifying on the way up."""
+    memo = {} if memo is None else memo
+    if e in mapping:
+        return mapping[e]
+    if e in memo:
+        return memo[e]
+    if not e.srcs and e.op is not Ops.REDUCE:
+        return e
+    srcs = tuple(substitute(s, mapping, memo) for s in e.srcs)
+    if e.op is Ops.REDUCE:
+        rngs = tuple(substitute(r, mapping, memo) for r in e.arg[1])
+        out = reduce(e.arg[0], srcs[0], rngs, e.dtype)
+    elif all(a is b for a, b in zip(srcs, e.srcs)):
+        out = e
+    elif e.op is Ops.LOAD:
+        out = load(e.arg, e.dtype, srcs[0], srcs[1] if len(srcs) > 1 else None)
+    elif e.op is Ops.CAST:
+        out = cast(srcs[0], e.dtype)
+    elif e.op is Ops.BITCAST:
+        out = bitcast(srcs[0], e.dtype)
+    elif e.op is Ops.DIV and e.dtype.is_int and srcs[1].op is Ops.CONST and srcs[1].arg > 0 and srcs[0].vmin >= 0:
+        out = idiv(srcs[0], srcs[1].arg)
+    elif e.op is Ops.MOD and e.dtype.is_int and srcs[1].op is Ops.CONST and srcs[1].arg > 0 and srcs[0].vmin >= 0:
+        out = mod(srcs[0], srcs[1].arg)
+    else:
+        out = alu(e.op, *srcs)
+    memo[e] = out
+    return out
+
+
+def toposort(roots: list[Expr]) -> list[Expr]:
+    """Every node reachable from ``roots`` (including reduce ranges), sources first."""
+    out: list[Expr] = []
+    seen: set[int] = set()
+    stack: list[tuple[Expr, bool]] = [(r, False) for r in reversed(roots)]
+    while stack:
+        e, done = stack.pop()
+        if done:
+            out.append(e)
+            continue
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        stack.append((e, True))
+        kids = list(e.srcs) + (list(e.arg[1]) if e.op is Ops.REDUCE else [])
+        for s in reversed(kids):
+            if id(s) not in seen:
+                stack.append((s, False))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# kernels
+
+
+@dataclass(frozen=True)
+class Param:
+    """A kernel parameter: a buffer read (``in``), a buffer written (``out``), or a scalar (``var``)."""
+
+    name: str
+    dtype: DType
+    kind: str  # "in", "out", "var"
+    size: int = 0  # elements, for buffers
+
+
+@dataclass(frozen=True)
+class Store:
+    param: int
+    index: Expr
+    value: Expr
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One launch: loops (outer first) over which every store runs, and the stores.
+
+    ``parallel`` is how many outer loops the target may run in parallel; ``vector`` marks the innermost loop
+    as free of loop-carried dependencies (safe to vectorize). Optimizations return new kernels.
+    """
+
+    name: str
+    params: tuple[Param, ...]
+    loops: tuple[Expr, ...]
+    stores: tuple[Store, ...]
+    parallel: int = 0
+    vector: bool = False
+    wide_acc: bool = False  # accumulate float32 sums in float64 (host: accuracy of long sums)
+    split_reduce: bool = False  # run the single root reduce across threads (no output loops)
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def size(self) -> int:
+        return math.prod(r.arg[1] for r in self.loops)
+
+    def reduces(self) -> list[Expr]:
+        return [e for e in toposort([s.value for s in self.stores]) if e.op is Ops.REDUCE]

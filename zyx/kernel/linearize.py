@@ -1,0 +1,112 @@
+"""Place a kernel's expression DAG into a loop nest (loop-invariant code motion by construction).
+
+Every expression is defined once, in the block of the innermost loop among the ranges it depends on, so a
+value that depends only on outer loops (a broadcast reduce result, an expanded load) is computed once per
+outer iteration. A reduce becomes an accumulator initialized in its home block, its own loops, and an
+update in its innermost loop body. Stores go into the innermost output loop.
+
+Invariant: the ranges one expression depends on always lie on one chain of nested loops, so "innermost"
+is well defined.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from zyx.kernel.ir import Expr, Kernel, Ops, Store
+
+
+@dataclass(eq=False)
+class Block:
+    stmts: list = field(default_factory=list)  # Expr (define it), Reduce, Store
+    inner: Loop | None = None  # the nested loop, rendered after stmts
+    tail: list = field(default_factory=list)  # statements after the nested loop
+
+
+@dataclass(eq=False)
+class Loop:
+    range: Expr
+    body: Block
+    kind: str = "serial"  # "serial", "parallel", "simd"
+    collapse: int = 1
+
+
+@dataclass(eq=False)
+class Reduce:
+    """Accumulate ``expr.srcs[0]`` over ``loop`` (a nest of the reduce's ranges) into ``expr``'s variable."""
+
+    expr: Expr
+    loop: Loop
+    split: bool = False  # split across threads (root reduce of a kernel with no output loops)
+
+
+def linearize(k: Kernel) -> Block:
+    root = Block()
+    block_of: dict[Expr, Block] = {}
+    depth: dict[Expr, int] = {}
+    cur = root
+    for i, r in enumerate(k.loops):
+        kind = "parallel" if i < k.parallel else "serial"
+        if i == len(k.loops) - 1 and k.vector:
+            kind = "simd" if kind == "serial" else "parallel_simd"
+        loop = Loop(r, Block(), kind)
+        if i == 0 and k.parallel > 1:
+            loop.collapse = k.parallel
+        cur.inner = loop
+        cur = loop.body
+        block_of[r] = cur
+        depth[r] = i + 1
+    innermost = cur
+    done: set[int] = set()
+
+    def home(e: Expr) -> Block:
+        rs = e.ranges
+        if not rs:
+            return root
+        return block_of[max(rs, key=lambda r: depth[r])]
+
+    def emit(e: Expr) -> None:
+        if id(e) in done or e.op in (Ops.CONST, Ops.RANGE):
+            return
+        done.add(id(e))
+        if e.op is Ops.REDUCE:
+            outer = home(e)
+            base = max((depth[r] for r in e.ranges), default=0)
+            loops = []
+            for j, r in enumerate(e.arg[1]):
+                loops.append(Loop(r, Block(), "serial"))
+                block_of[r] = loops[-1].body
+                depth[r] = base + j + 1
+            for a, b in zip(loops, loops[1:]):
+                a.body.inner = b
+            emit(e.srcs[0])
+            loops[-1].body.tail.append(e)  # the accumulate statement
+            loops[-1].kind = "simd"
+            outer.stmts.append(Reduce(e, loops[0], split=k.split_reduce and outer is root))
+            return
+        for s in e.srcs:
+            emit(s)
+        home(e).stmts.append(e)
+
+    for st in k.stores:
+        emit(st.index)
+        emit(st.value)
+    innermost.tail.extend(k.stores)
+    if root.inner is not None and root.inner.collapse > 1 and root.inner.body.stmts:
+        root.inner.collapse = 1  # collapse needs perfectly nested loops
+    return root
+
+
+def walk(block: Block):
+    """Yield every statement (Expr, Reduce, Store) in program order."""
+    for s in block.stmts:
+        yield s
+        if isinstance(s, Reduce):
+            yield from walk(s.loop.body)
+    if block.inner is not None:
+        yield from walk(block.inner.body)
+    for s in block.tail:
+        yield s
+
+
+__all__ = ["Block", "Loop", "Reduce", "Store", "linearize", "walk"]

@@ -1,0 +1,139 @@
+"""Kernel IR optimizations: each pass maps a Kernel to an equivalent Kernel and is testable alone.
+
+- ``drop_unit_loops``: loops of size 1 disappear (their range becomes 0).
+- ``merge_loops``: adjacent output loops merge when every index stays affine in the merged range
+  (no ``//`` or ``%`` of it survives simplification), so contiguous work runs as one long loop.
+- ``parallelize`` / ``vectorize``: mark the outer loop(s) parallel and the innermost loop vectorizable,
+  from the work size and the device's compute units.
+- ``widen_accumulators``: long float32 sums accumulate in float64 on targets where that is cheap.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from zyx.backends.base import DeviceInfo
+from zyx.kernel import ir
+from zyx.kernel.ir import Expr, Kernel, Ops, Store
+
+PARALLEL_MIN_WORK = 1 << 15
+SPLIT_REDUCE_MIN = 1 << 15
+WIDE_ACC_MIN = 1 << 12
+
+
+def _all_roots(k: Kernel) -> list[Expr]:
+    return [e for s in k.stores for e in (s.index, s.value)]
+
+
+def _substitute_kernel(k: Kernel, mapping: dict[Expr, Expr], loops: tuple[Expr, ...]) -> Kernel:
+    memo: dict = {}
+    stores = tuple(Store(s.param, ir.substitute(s.index, mapping, memo), ir.substitute(s.value, mapping, memo))
+                   for s in k.stores)
+    return replace(k, loops=loops, stores=stores)
+
+
+def drop_unit_loops(k: Kernel) -> Kernel:
+    zero = ir.const(0, ir.index_dtype)
+    units = {r: zero for r in k.loops if r.arg[1] == 1}
+    for red in k.reduces():
+        units.update({r: zero for r in red.arg[1] if r.arg[1] == 1})
+    if not units:
+        return k
+    return _substitute_kernel(k, units, tuple(r for r in k.loops if r not in units))
+
+
+def _affine_in(roots: list[Expr], r: Expr) -> bool:
+    for e in ir.toposort(roots):
+        if e.op in (Ops.DIV, Ops.MOD) and e.dtype.is_int and r in e.srcs[0].ranges:
+            return False
+    return True
+
+
+def merge_loops(k: Kernel) -> Kernel:
+    loops = list(k.loops)
+    i = len(loops) - 2
+    next_id = max((r.arg[0] for r in _every_range(k)), default=0) + 1
+    while i >= 0:
+        a, b = loops[i], loops[i + 1]
+        nb = b.arg[1]
+        merged = ir.range_(next_id, a.arg[1] * nb)
+        cand = _substitute_kernel(k, {a: merged // nb, b: merged % nb},
+                                  tuple(loops[:i]) + (merged,) + tuple(loops[i + 2:]))
+        if _affine_in(_all_roots(cand), merged):
+            k = cand
+            loops = list(cand.loops)
+            next_id += 1
+        i -= 1
+    return k
+
+
+def _every_range(k: Kernel) -> list[Expr]:
+    out = list(k.loops)
+    for red in k.reduces():
+        out.extend(red.arg[1])
+    return out
+
+
+def work(k: Kernel) -> int:
+    """Iterations of the innermost statements: output size times the largest reduce."""
+    red = max((math.prod(r.arg[1] for r in e.arg[1]) for e in k.reduces()), default=1)
+    return k.size * red
+
+
+def parallelize(k: Kernel, info: DeviceInfo) -> Kernel:
+    if info.compute_units <= 1:
+        return k
+    w = work(k)
+    if not k.loops:
+        reds = k.reduces()
+        root_reds = [e for e in reds if not e.ranges]
+        if w >= SPLIT_REDUCE_MIN and len(root_reds) == 1 and len(reds) == 1:
+            return replace(k, split_reduce=True)
+        return k
+    if w < PARALLEL_MIN_WORK:
+        return k
+    n = 1
+    outer = k.loops[0].arg[1]
+    # collapse a short outer loop with the next one so every compute unit gets work
+    if outer < 4 * info.compute_units and len(k.loops) > 1 and not _reduce_depends_between(k):
+        n = 2
+    return replace(k, parallel=n)
+
+
+def _reduce_depends_between(k: Kernel) -> bool:
+    """True when a reduce is placed between the first two loops (collapse would break that placement)."""
+    r0, r1 = k.loops[0], k.loops[1]
+    for e in k.reduces():
+        if r0 in e.ranges and r1 not in e.ranges:
+            return True
+    return False
+
+
+def vectorize(k: Kernel) -> Kernel:
+    if not k.loops:
+        return k
+    inner = k.loops[-1]
+    for e in k.reduces():
+        if inner in e.ranges:
+            return k  # a reduce inside the innermost loop: vectorize the reduce instead
+    if k.parallel >= len(k.loops) and k.parallel > 1:
+        return k
+    return replace(k, vector=True)
+
+
+def widen_accumulators(k: Kernel) -> Kernel:
+    for e in k.reduces():
+        if e.arg[0] is Ops.ADD and e.dtype.is_float and math.prod(r.arg[1] for r in e.arg[1]) >= WIDE_ACC_MIN:
+            return replace(k, wide_acc=True)
+    return k
+
+
+def optimize(k: Kernel, info: DeviceInfo) -> Kernel:
+    k = drop_unit_loops(k)
+    k = merge_loops(k)
+    if info.kind == "host":
+        k = parallelize(k, info)
+        k = vectorize(k)
+        k = widen_accumulators(k)
+    return k

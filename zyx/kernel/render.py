@@ -1,0 +1,434 @@
+"""Renderers from the kernel IR to C-like source; ``CRenderer`` for the host, CUDA subclasses the base.
+
+Type model shared by every C-like target: values live in "register" types; float16 and bfloat16 live in
+``float`` registers and are rounded back to their dtype after every operation (per-op rounding, as NumPy
+and PyTorch compute), and are stored as 16-bit patterns. Integer division and remainder by zero give 0
+(NumPy's result); shifts by the type's width or more give 0 (or -1 for negative right shifts).
+"""
+
+from __future__ import annotations
+
+import math
+
+from zyx import dtypes
+from zyx.dtypes import DType
+from zyx.kernel import ir
+from zyx.kernel.ir import Expr, Kernel, Ops, Store
+from zyx.kernel.linearize import Block, Loop, Reduce, linearize
+
+HALFS = (dtypes.float16, dtypes.bfloat16)
+
+_INFIX = {Ops.ADD: "+", Ops.SUB: "-", Ops.MUL: "*", Ops.CMPLT: "<", Ops.CMPLE: "<=", Ops.CMPEQ: "==",
+          Ops.CMPNE: "!=", Ops.XOR: "^"}
+_FLOAT_FN = {Ops.FLOOR: "floor", Ops.CEIL: "ceil", Ops.ROUND: "rint", Ops.TRUNC: "trunc", Ops.POW: "pow"}
+
+
+class CStyleRenderer:
+    """Shared C-like rendering; subclasses fill the target's types, math functions, and kernel frame."""
+
+    index_type = "long long"
+    restrict = "__restrict__"
+    math_fns: dict[tuple[str, str], str] = {}
+    supports_f64 = True
+
+    # ---- types -----------------------------------------------------------------------------------------------
+    def reg_type(self, d: DType) -> str:
+        if d in HALFS:
+            return "float"
+        if d is dtypes.bool_:
+            return "_Bool"
+        return d.c_type
+
+    def storage_type(self, d: DType) -> str:
+        if d in HALFS:
+            return "unsigned short"
+        if d is dtypes.bool_:
+            return "unsigned char"
+        return d.c_type
+
+    def acc_type(self, e: Expr, k: Kernel) -> str:
+        if k.wide_acc and e.dtype is dtypes.float32 and e.arg[0] in (Ops.ADD, Ops.MUL) and self.supports_f64:
+            return "double"
+        return self.reg_type(e.dtype)
+
+    # ---- constants -------------------------------------------------------------------------------------------
+    def literal(self, v, d: DType) -> str:
+        if d is dtypes.bool_:
+            return "1" if v else "0"
+        if d.is_int:
+            v = int(v)
+            suffix = {8: "LL", 4: ""}.get(d.itemsize, "")
+            if d.is_unsigned:
+                suffix = "U" + suffix
+            if d.itemsize == 8 and not d.is_unsigned and v == -(2**63):
+                return "(-9223372036854775807LL-1)"
+            if d.itemsize == 4 and not d.is_unsigned and v == -(2**31):
+                return "(-2147483647-1)"
+            return f"{v}{suffix}" if v >= 0 or d.itemsize < 4 else f"({v}{suffix})"
+        f = d is not dtypes.float64
+        if math.isnan(v):
+            return "NAN" if f else "((double)NAN)"
+        if math.isinf(v):
+            s = "INFINITY" if f else "((double)INFINITY)"
+            return s if v > 0 else f"(-{s})"
+        r = repr(float(v))
+        return f"{r}f" if f else r
+
+    # ---- expressions -----------------------------------------------------------------------------------------
+    def round_half(self, s: str, d: DType) -> str:
+        return f"zyx_round_{d.name}({s})" if d in HALFS else s
+
+    def from_storage(self, s: str, d: DType) -> str:
+        if d in HALFS:
+            return f"zyx_{d.name}_to_f32({s})"
+        return s
+
+    def to_storage(self, s: str, d: DType) -> str:
+        if d in HALFS:
+            return f"zyx_f32_to_{d.name}({s})"
+        if d is dtypes.bool_:
+            return f"(unsigned char)({s})"
+        return s
+
+    def math_fn(self, op: Ops, d: DType) -> str:
+        key = (op.name.lower(), "float64" if d is dtypes.float64 else "float32")
+        if key in self.math_fns:
+            return self.math_fns[key]
+        base = {Ops.EXP: "exp", Ops.EXP2: "exp2", Ops.LOG: "log", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.COS: "cos",
+                Ops.TAN: "tan", Ops.TANH: "tanh", Ops.ERF: "erf", Ops.SQRT: "sqrt"}[op]
+        return base if d is dtypes.float64 else base + "f"
+
+    def alu(self, e: Expr, a: list[str]) -> str:
+        op, d = e.op, e.dtype
+        sd = e.srcs[0].dtype if e.srcs else d
+        fl = sd.is_float
+        suf = "" if sd is dtypes.float64 else "f"
+        if op in _INFIX:
+            return f"({a[0]} {_INFIX[op]} {a[1]})"
+        if op is Ops.NEG:
+            return f"(-{a[0]})" if d.kind != "b" else f"({a[0]})"
+        if op is Ops.NOT:
+            return f"(!{a[0]})" if d.kind == "b" else f"(~{a[0]})"
+        if op in (Ops.AND, Ops.OR):
+            return f"({a[0]} {'&' if op is Ops.AND else '|'} {a[1]})"
+        if op is Ops.WHERE:
+            return f"({a[0]} ? {a[1]} : {a[2]})"
+        if op in (Ops.DIV, Ops.MOD):
+            if fl:
+                return f"({a[0]} / {a[1]})" if op is Ops.DIV else f"fmod{suf}({a[0]}, {a[1]})"
+            if e.srcs[1].op is Ops.CONST and e.srcs[1].arg > 0 and e.srcs[0].vmin >= 0:
+                return f"({a[0]} {'/' if op is Ops.DIV else '%'} {a[1]})"
+            return f"zyx_{'idiv' if op is Ops.DIV else 'mod'}_{sd.name}({a[0]}, {a[1]})"
+        if op in (Ops.MAX, Ops.MIN):
+            c = ">" if op is Ops.MAX else "<"
+            if fl:
+                return f"(({a[0]} {c} {a[1]} || {a[0]} != {a[0]}) ? {a[0]} : {a[1]})"
+            return f"(({a[0]} {c} {a[1]}) ? {a[0]} : {a[1]})"
+        if op is Ops.SHL:
+            return f"zyx_shl_{sd.name}({a[0]}, {a[1]})"
+        if op is Ops.SHR:
+            return f"zyx_shr_{sd.name}({a[0]}, {a[1]})"
+        if op is Ops.POW:
+            return f"pow{suf}({a[0]}, {a[1]})" if fl else f"zyx_ipow_{sd.name}({a[0]}, {a[1]})"
+        if op is Ops.ABS:
+            return f"fabs{suf}({a[0]})" if fl else f"(({a[0]}) < 0 ? -({a[0]}) : ({a[0]}))"
+        if op is Ops.RECIP:
+            return f"({self.literal(1.0, sd if sd is dtypes.float64 else dtypes.float32)} / {a[0]})"
+        if op is Ops.ISNAN:
+            return f"({a[0]} != {a[0]})" if fl else "0"
+        if op is Ops.ISINF:
+            inf = self.literal(math.inf, dtypes.float64 if sd is dtypes.float64 else dtypes.float32)
+            return f"({a[0]} == {inf} || {a[0]} == -{inf})" if fl else "0"
+        if op in _FLOAT_FN:
+            return f"{_FLOAT_FN[op]}{suf}({a[0]})" if fl else a[0]
+        if op in ir.TRANSCENDENTAL or op is Ops.SQRT:
+            return f"{self.math_fn(op, sd)}({a[0]})"
+        raise NotImplementedError(f"renderer has no rule for {op.name}")
+
+    def cast(self, e: Expr, a: str) -> str:
+        d, sd = e.dtype, e.srcs[0].dtype
+        if d is dtypes.bool_:
+            return f"({a} != 0)"
+        if d in HALFS:
+            return self.round_half(f"(float)({a})", d)
+        if sd.is_float and d.is_int:
+            return self.float_to_int(a, sd, d)
+        return f"({self.reg_type(d)})({a})"
+
+    def float_to_int(self, a: str, sd: DType, d: DType) -> str:
+        return f"({self.reg_type(d)})({a})"
+
+    def expr(self, e: Expr, name: dict[Expr, str], params: tuple[ir.Param, ...]) -> str:
+        def n(x: Expr) -> str:
+            if x.op is Ops.CONST:
+                return self.literal(x.arg, x.dtype)
+            if x.op is Ops.RANGE:
+                return f"r{x.arg[0]}"
+            return name[x]
+
+        if e.op is Ops.LOAD:
+            p = params[e.arg]
+            s = self.from_storage(f"p{e.arg}[{n(e.srcs[0])}]", p.dtype)
+            if len(e.srcs) > 1:
+                s = f"({n(e.srcs[1])} ? {s} : {self.literal(0, e.dtype)})"
+            return s
+        if e.op is Ops.VAR:
+            return f"a{e.arg}"
+        if e.op is Ops.CAST:
+            return self.cast(e, n(e.srcs[0]))
+        if e.op is Ops.BITCAST:
+            raise NotImplementedError("BITCAST is not rendered yet")
+        s = self.alu(e, [n(x) for x in e.srcs])
+        if e.dtype in HALFS and e.op not in ir.COMPARE:
+            s = self.round_half(s, e.dtype)
+        return s
+
+    # ---- statements ------------------------------------------------------------------------------------------
+    def identity(self, op: Ops, e: Expr, acc_t: str) -> str:
+        d = e.dtype
+        if op is Ops.ADD or op is Ops.OR:
+            v = 0
+        elif op is Ops.MUL or op is Ops.AND:
+            v = 1
+        else:
+            lo, hi = dtypes.min_max(d)
+            v = lo if op is Ops.MAX else hi
+        lit_d = dtypes.float64 if acc_t == "double" else (dtypes.float32 if d in HALFS else d)
+        return self.literal(v, lit_d)
+
+    def update(self, op: Ops, acc: str, v: str, d: DType) -> str:
+        if op is Ops.ADD:
+            return f"{acc} += {v};"
+        if op is Ops.MUL:
+            return f"{acc} *= {v};"
+        if op is Ops.OR:
+            return f"{acc} |= {v};"
+        if op is Ops.AND:
+            return f"{acc} &= {v};"
+        c = ">" if op is Ops.MAX else "<"
+        if d.is_float:
+            return f"{acc} = ({v} {c} {acc}) ? {v} : {acc}; {acc}_nan |= ({v} != {v});"
+        return f"{acc} = ({v} {c} {acc}) ? {v} : {acc};"
+
+    def loop_header(self, loop: Loop, var: str, reductions: list[tuple[str, str]]) -> list[str]:
+        raise NotImplementedError
+
+    def render(self, k: Kernel) -> str:
+        raise NotImplementedError
+
+
+class CRenderer(CStyleRenderer):
+    """C11 + OpenMP for the host compiler (gcc or clang)."""
+
+    restrict = "restrict"
+
+    def __init__(self) -> None:
+        try:
+            from zyx.kernel.c_math import C_MATH_FUNCTIONS
+            self.math_fns = dict(C_MATH_FUNCTIONS)
+        except ImportError:  # pragma: no cover - the prelude module is part of the package
+            self.math_fns = {}
+
+    def prelude(self) -> str:
+        try:
+            from zyx.kernel.c_math import C_MATH_PRELUDE
+        except ImportError:  # pragma: no cover
+            C_MATH_PRELUDE = ""
+        return C_PRELUDE + C_MATH_PRELUDE + _int_helpers()
+
+    def render(self, k: Kernel) -> str:
+        lines: list[str] = []
+        name: dict[Expr, str] = {}
+        counter = [0]
+
+        def fresh(prefix: str) -> str:
+            counter[0] += 1
+            return f"{prefix}{counter[0]}"
+
+        def rng(r: Expr) -> str:
+            return f"r{r.arg[0]}"
+
+        def operand(x: Expr) -> str:
+            if x.op is Ops.CONST:
+                return self.literal(x.arg, x.dtype)
+            return rng(x) if x.op is Ops.RANGE else name[x]
+
+        def emit_block(b: Block, ind: str) -> None:
+            for s in b.stmts:
+                emit_stmt(s, ind)
+            if b.inner is not None:
+                emit_loop(b.inner, ind)
+            for s in b.tail:
+                emit_stmt(s, ind)
+
+        def emit_stmt(s, ind: str) -> None:
+            if isinstance(s, Reduce):
+                emit_reduce(s, ind)
+            elif isinstance(s, Store):
+                p = k.params[s.param]
+                val = operand(s.value)
+                if s.value.dtype is not p.dtype:
+                    raise AssertionError(f"store of {s.value.dtype} into {p.dtype} param")
+                idx = operand(s.index)
+                lines.append(f"{ind}p{s.param}[{idx}] = {self.to_storage(val, p.dtype)};")
+            elif s.op is Ops.REDUCE:  # the accumulate statement at the end of the innermost reduce loop
+                lines.append(ind + self.update(s.arg[0], acc_name[s], operand(s.srcs[0]), s.dtype))
+            else:
+                nm = fresh("v")
+                rhs = self.expr(s, name, k.params)
+                lines.append(f"{ind}const {self.reg_type(s.dtype)} {nm} = {rhs};")
+                name[s] = nm
+
+        acc_name: dict[Expr, str] = {}
+
+        def emit_reduce(red: Reduce, ind: str) -> None:
+            e = red.expr
+            op = e.arg[0]
+            acc = fresh("acc")
+            acc_name[e] = acc
+            at = self.acc_type(e, k)
+            ident = self.identity(op, e, at)
+            nan = op in (Ops.MAX, Ops.MIN) and e.dtype.is_float
+            reds = [(_OMP_RED[op], acc)] + ([("|", f"{acc}_nan")] if nan else [])
+            lines.append(f"{ind}{at} {acc} = {ident};")
+            if nan:
+                lines.append(f"{ind}int {acc}_nan = 0;")
+            if red.split:
+                n = red.loop.range.arg[1]
+                r = rng(red.loop.range)
+                lines.append(f"{ind}{at} {acc}_part[256]; int {acc}_nt = 1;")
+                if nan:
+                    lines.append(f"{ind}int {acc}_nanp[256];")
+                lines.append(f"{ind}#pragma omp parallel num_threads(zyx_threads(256))")
+                lines.append(f"{ind}{{")
+                i2 = ind + "  "
+                lines.append(f"{i2}const int tid = omp_get_thread_num(), nt = omp_get_num_threads();")
+                lines.append(f"{i2}const long long lo = ({n}LL * tid) / nt, hi = ({n}LL * (tid + 1)) / nt;")
+                lines.append(f"{i2}{at} {acc} = {ident};")
+                if nan:
+                    lines.append(f"{i2}int {acc}_nan = 0;")
+                inner = red.loop
+                lines.extend(i2 + h for h in self.pragmas(inner, reds))
+                lines.append(f"{i2}for ({self.index_type} {r} = lo; {r} < hi; {r}++) {{")
+                emit_block(inner.body, i2 + "  ")
+                lines.append(f"{i2}}}")
+                lines.append(f"{i2}{acc}_part[tid] = {acc}; {acc}_nt = nt;")
+                if nan:
+                    lines.append(f"{i2}{acc}_nanp[tid] = {acc}_nan;")
+                lines.append(f"{ind}}}")
+                lines.append(f"{ind}for (int t = 0; t < {acc}_nt; t++) {{")
+                comb = self.update(op, acc, f"{acc}_part[t]", e.dtype).split(";")[0] + ";"
+                lines.append(f"{ind}  {comb}" + (f" {acc}_nan |= {acc}_nanp[t];" if nan else ""))
+                lines.append(f"{ind}}}")
+            else:
+                emit_loop(red.loop, ind, reds)
+            fin = acc
+            if nan:
+                fin = f"({acc}_nan ? {self.literal(math.nan, dtypes.float64 if at == 'double' else dtypes.float32)}" \
+                      f" : {acc})"
+            nm = fresh("v")
+            rt = self.reg_type(e.dtype)
+            lines.append(f"{ind}const {rt} {nm} = ({rt})({fin});")
+            name[e] = nm
+
+        def emit_loop(loop: Loop, ind: str, reds: list | None = None) -> None:
+            r = rng(loop.range)
+            n = loop.range.arg[1]
+            lines.extend(ind + h for h in self.pragmas(loop, reds or []))
+            lines.append(f"{ind}for ({self.index_type} {r} = 0; {r} < {n}; {r}++) {{")
+            emit_block(loop.body, ind + "  ")
+            lines.append(f"{ind}}}")
+
+        for i, p in enumerate(k.params):
+            if p.kind == "var":
+                lines.append(f"  const {self.reg_type(p.dtype)} a{i} = *(const {self.reg_type(p.dtype)}*)args[{i}];")
+            else:
+                c = "const " if p.kind == "in" else ""
+                st = self.storage_type(p.dtype)
+                lines.append(f"  {c}{st} *{self.restrict} p{i} = ({c}{st}*)args[{i}];")
+        emit_block(linearize(k), "  ")
+        body = "\n".join(lines)
+        return f"{self.prelude()}\nvoid {k.name}(void **args) {{\n{body}\n}}\n"
+
+    def pragmas(self, loop: Loop, reds: list[tuple[str, str]]) -> list[str]:
+        red = " ".join(f"reduction({o}:{v})" for o, v in reds)
+        if loop.kind == "parallel":
+            c = f" collapse({loop.collapse})" if loop.collapse > 1 else ""
+            return [f"#pragma omp parallel for schedule(static){c} num_threads(zyx_threads(64))"]
+        if loop.kind == "parallel_simd":
+            return ["#pragma omp parallel for simd schedule(static) num_threads(zyx_threads(64))"]
+        if loop.kind == "simd":
+            return [f"#pragma omp simd {red}".rstrip()]
+        return []
+
+
+_OMP_RED = {Ops.ADD: "+", Ops.MUL: "*", Ops.MAX: "max", Ops.MIN: "min", Ops.OR: "|", Ops.AND: "&"}
+
+C_PRELUDE = r"""
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#else
+static inline int omp_get_thread_num(void) { return 0; }
+static inline int omp_get_num_threads(void) { return 1; }
+#endif
+static int zyx_nthreads = 0;
+void zyx_set_threads(int n) { zyx_nthreads = n; }
+static inline int zyx_threads(int cap) { int n = zyx_nthreads > 0 ? zyx_nthreads : 1;
+#ifdef _OPENMP
+  if (zyx_nthreads <= 0) n = omp_get_max_threads();
+#endif
+  return n < cap ? n : cap; }
+static inline float zyx_bfloat16_to_f32(unsigned short h) { uint32_t u = (uint32_t)h << 16; float f;
+  memcpy(&f, &u, 4); return f; }
+static inline unsigned short zyx_f32_to_bfloat16(float f) { uint32_t u; memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u); return (unsigned short)(u >> 16); }
+static inline float zyx_round_bfloat16(float f) { return zyx_bfloat16_to_f32(zyx_f32_to_bfloat16(f)); }
+static inline float zyx_float16_to_f32(unsigned short h) {
+  uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
+  if (e == 0x1fu) u = s | 0x7f800000u | (m << 13);
+  else if (e != 0) u = s | ((e + 112u) << 23) | (m << 13);
+  else { float f = (float)m * 5.9604644775390625e-08f; memcpy(&u, &f, 4); u |= s; }
+  float f; memcpy(&f, &u, 4); return f; }
+static inline unsigned short zyx_f32_to_float16(float f) {
+  uint32_t u; memcpy(&u, &f, 4); uint32_t s = (u >> 16) & 0x8000u; uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return (unsigned short)(s | 0x7e00u | ((a >> 13) & 0x3ffu));
+  if (a >= 0x477ff000u) return (unsigned short)(s | 0x7c00u);
+  if (a < 0x38800000u) { float v; memcpy(&v, &a, 4); v = v * 16777216.0f; /* exact scale to 2^-24 units */
+    uint32_t q = (uint32_t)v; float rem = v - (float)q;
+    if (rem > 0.5f || (rem == 0.5f && (q & 1u))) q++; return (unsigned short)(s | q); }
+  uint32_t r = a - 0x38000000u; r += 0xfffu + ((r >> 13) & 1u); return (unsigned short)(s | (r >> 13)); }
+static inline float zyx_round_float16(float f) { return zyx_float16_to_f32(zyx_f32_to_float16(f)); }
+"""
+
+
+def _int_helpers() -> str:
+    out = []
+    for d in dtypes.ALL:
+        if not d.is_int:
+            continue
+        t = d.c_type
+        bits = d.bits
+        if d.is_unsigned:
+            div = f"return b == 0 ? 0 : ({t})(a / b);"
+            md = f"return b == 0 ? 0 : ({t})(a % b);"
+            shr = f"return b >= {bits} ? 0 : ({t})(a >> b);"
+        else:
+            ut = "unsigned " + t.replace("signed ", "")
+            div = (f"if (b == 0) return 0; if (b == -1) return ({t})(0u - ({ut})a); "
+                   f"{t} q = ({t})(a / b); if ((a % b != 0) && ((a < 0) != (b < 0))) q--; return q;")
+            md = (f"if (b == 0 || b == -1) return 0; {t} r = ({t})(a % b); "
+                  f"if (r != 0 && ((r < 0) != (b < 0))) r += b; return r;")
+            shr = f"return b >= {bits} ? (a < 0 ? -1 : 0) : (b < 0 ? 0 : ({t})(a >> b));"
+        out.append(f"static inline {t} zyx_idiv_{d.name}({t} a, {t} b) {{ {div} }}")
+        out.append(f"static inline {t} zyx_mod_{d.name}({t} a, {t} b) {{ {md} }}")
+        out.append(f"static inline {t} zyx_shl_{d.name}({t} a, {t} b) {{ "
+                   f"return (b >= {bits} || b < 0) ? 0 : ({t})((unsigned long long)a << b); }}")
+        out.append(f"static inline {t} zyx_shr_{d.name}({t} a, {t} b) {{ {shr} }}")
+        out.append(f"static inline {t} zyx_ipow_{d.name}({t} a, {t} b) {{ {t} r = 1; "
+                   f"if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0); "
+                   f"while (b) {{ if (b & 1) r = ({t})(r * a); a = ({t})(a * a); b >>= 1; }} return r; }}")
+    return "\n".join(out) + "\n"

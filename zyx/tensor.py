@@ -1,0 +1,1290 @@
+"""``zyx.Tensor``: a lazy n-dimensional array with NumPy broadcasting and PyTorch-like names.
+
+Nothing runs until ``numpy()``, ``tolist()``, ``item()``, ``realize()`` or ``to()`` onto a data-only device.
+Bad input (shape mismatch, bad axis, impossible reshape, index out of range, unsupported dtype) raises
+``ValueError`` / ``IndexError`` / ``TypeError`` when the op is built, naming the shapes or the axis.
+
+dtype rules are in ``zyx.dtypes`` (NumPy promotion, weak Python scalars, float32 as the default float).
+``var``/``std`` default to ``ddof=0`` (NumPy); pass ``correction=1`` for PyTorch's unbiased estimate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from zyx import autograd as F
+from zyx import dtypes
+from zyx.backends.registry import canonical_name, registry
+from zyx.dtypes import DType
+from zyx.graph import ops as g
+from zyx.graph import schedule
+from zyx.graph.node import Buffer, Class, Op, leaf
+from zyx.graph.node import var as var_class
+
+Scalar = int | float | bool
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# helpers
+
+
+def _device(device: str | None) -> str:
+    return registry().default_device() if device is None else canonical_name(device)
+
+
+def _norm_axis(axis: int, ndim: int, what: str = "axis") -> int:
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+        raise TypeError(f"{what} must be an int, got {axis!r}")
+    n = max(ndim, 1) if what != "insert" else ndim + 1
+    if not -n <= axis < n:
+        raise ValueError(f"{what} {axis} is out of range for a tensor with {ndim} dimension(s)")
+    return int(axis) % n
+
+
+def _norm_axes(axis, ndim: int) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(ndim))
+    if isinstance(axis, (list, tuple)):
+        out = tuple(_norm_axis(a, ndim) for a in axis)
+        if len(set(out)) != len(out):
+            raise ValueError(f"repeated axis in {tuple(axis)}")
+        return out
+    if ndim == 0 and axis in (0, -1):
+        return ()
+    return (_norm_axis(axis, ndim),)
+
+
+def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    nd = max(len(s) for s in shapes)
+    out = []
+    for i in range(nd):
+        dims = {s[len(s) - nd + i] for s in shapes if len(s) - nd + i >= 0} - {1}
+        if len(dims) > 1:
+            raise ValueError(f"shapes {' and '.join(str(tuple(s)) for s in shapes)} cannot be broadcast together "
+                             f"(axis {i - nd} has sizes {sorted(dims)})")
+        out.append(dims.pop() if dims else 1)
+    return tuple(out)
+
+
+def _np_from(data, dtype: DType | None) -> np.ndarray:
+    if isinstance(data, np.ndarray):
+        arr = data
+    elif isinstance(data, (bool, int, float, list, tuple, np.generic)):
+        arr = np.asarray(data)
+        if dtype is None:
+            if arr.dtype.kind == "f" and not isinstance(data, np.generic):
+                arr = arr.astype(np.float32)
+            elif arr.dtype.kind == "i" and not isinstance(data, np.generic):
+                arr = arr.astype(np.int64)
+    else:
+        try:
+            arr = np.asarray(data)
+        except Exception as e:  # noqa: BLE001
+            raise TypeError(f"cannot make a Tensor from {type(data).__name__}") from e
+    if arr.dtype == object:
+        raise TypeError(f"cannot make a Tensor from {type(data).__name__} with ragged or non-numeric elements")
+    if dtype is not None:
+        arr = arr.astype(dtype.np_dtype)
+    else:
+        dtypes.to_dtype(arr.dtype)  # raises TypeError for dtypes zyx lacks
+    return np.ascontiguousarray(arr)
+
+
+def _upload(arr: np.ndarray, device: str) -> Class:
+    """A leaf on ``device`` holding a copy of ``arr`` (staged through the host pool)."""
+    if device == "disk":
+        raise ValueError("tensors cannot be created on 'disk'; save them with zyx.save(path, tensors)")
+    registry().get(device)
+    host = registry().get("host")
+    pool = host.pool
+    bid = pool.allocate(arr.nbytes)
+    pool.host_to_pool(memoryview(arr.reshape(-1).view(np.uint8)), bid)
+    c = leaf(Buffer(pool, bid, arr.nbytes, host.name), arr.shape, dtypes.to_dtype(arr.dtype))
+    return c if device == host.name else g.copy_to(c, device)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class Tensor:
+    """A lazy array. ``Tensor(data, dtype=None, device=None, requires_grad=False)``."""
+
+    __slots__ = ("cls", "requires_grad", "grad", "_ctx", "__weakref__")
+    __array_priority__ = 1000
+
+    def __init__(self, data, dtype=None, device: str | None = None, requires_grad: bool = False) -> None:
+        d = dtypes.to_dtype(dtype) if dtype is not None else None
+        if isinstance(data, Tensor):
+            t = data.to(device) if device is not None else data
+            t = t.cast(d) if d is not None else t
+            self.cls = t.cls
+        else:
+            self.cls = _upload(_np_from(data, d), _device(device))
+        self.requires_grad = bool(requires_grad)
+        self.grad: Tensor | None = None
+        self._ctx = None
+
+    @classmethod
+    def _from_class(cls, c: Class) -> Tensor:
+        t = object.__new__(cls)
+        t.cls = c
+        t.requires_grad = False
+        t.grad = None
+        t._ctx = None
+        return t
+
+    # ---- properties ------------------------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.cls.shape
+
+    @property
+    def dtype(self) -> DType:
+        return self.cls.dtype
+
+    @property
+    def device(self) -> str:
+        return self.cls.device
+
+    @property
+    def ndim(self) -> int:
+        return len(self.cls.shape)
+
+    def numel(self) -> int:
+        return self.cls.numel
+
+    def size(self, axis: int | None = None):
+        return self.shape if axis is None else self.shape[_norm_axis(axis, self.ndim)]
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        state = "realized" if self.cls.realized else "lazy"
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return f"Tensor(shape={self.shape}, dtype={self.dtype.name}, device={self.device!r}, {state}{grad})"
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __bool__(self) -> bool:
+        if self.numel() != 1:
+            raise ValueError(f"the truth value of a tensor with {self.numel()} elements is ambiguous; "
+                             "use .any() or .all()")
+        return bool(self.item())
+
+    # ---- realization and output ------------------------------------------------------------------------------
+    def realize(self) -> Tensor:
+        realize(self)
+        return self
+
+    def _on_compute(self) -> Tensor:
+        return self.to(registry().default_device()) if self.device == "disk" else self
+
+    def numpy(self) -> np.ndarray:
+        """A new NumPy array with the tensor's values (bfloat16 via ml_dtypes)."""
+        self.realize()
+        out = np.empty(self.shape, self.dtype.np_dtype)
+        if out.nbytes:
+            buf = self.cls.buffer
+            buf.pool.pool_to_host(buf.id, memoryview(out.reshape(-1).view(np.uint8)))
+        return out
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.numpy()
+        return a if dtype is None else a.astype(dtype)
+
+    def tolist(self):
+        return self.numpy().tolist()
+
+    def item(self) -> Scalar:
+        if self.numel() != 1:
+            raise ValueError(f"item() needs a tensor with one element, this one has shape {self.shape}")
+        return self.numpy().reshape(-1)[0].item()
+
+    def to(self, device: str) -> Tensor:
+        device = canonical_name(device)
+        if device == self.device:
+            return self
+        if device == "disk":
+            raise ValueError("tensors cannot be moved to 'disk'; save them with zyx.save(path, tensors)")
+        registry().get(device)
+        return F.Copy.apply(self, device=device)
+
+    def cpu(self) -> Tensor:
+        return self.to("host")
+
+    def cuda(self, index: int = 0) -> Tensor:
+        return self.to(f"cuda:{index}")
+
+    def detach(self) -> Tensor:
+        return Tensor._from_class(self.cls)
+
+    def contiguous(self) -> Tensor:
+        return F.Contiguous.apply(self)
+
+    # ---- creation --------------------------------------------------------------------------------------------
+    @staticmethod
+    def full(shape, value: Scalar, dtype=None, device: str | None = None) -> Tensor:
+        shape = _shape_arg(shape)
+        d = dtypes.to_dtype(dtype) if dtype is not None else _scalar_default(value)
+        return Tensor._from_class(g.const(value, shape, d, _device(device)))
+
+    @staticmethod
+    def zeros(*shape, dtype=None, device: str | None = None) -> Tensor:
+        return Tensor.full(shape, 0, dtype or dtypes.default_float, device)
+
+    @staticmethod
+    def ones(*shape, dtype=None, device: str | None = None) -> Tensor:
+        return Tensor.full(shape, 1, dtype or dtypes.default_float, device)
+
+    @staticmethod
+    def arange(start, stop=None, step=1, dtype=None, device: str | None = None) -> Tensor:
+        if stop is None:
+            start, stop = 0, start
+        if step == 0:
+            raise ValueError("arange: step must not be zero")
+        n = max(0, math.ceil((stop - start) / step))
+        is_float = any(isinstance(v, float) for v in (start, stop, step))
+        d = dtypes.to_dtype(dtype) if dtype is not None else (dtypes.default_float if is_float else dtypes.int64)
+        dev = _device(device)
+        idx = Tensor._from_class(g.iota(n, dtypes.int64 if not d.is_float else dtypes.float64, dev))
+        out = idx * step + start if (step != 1 or start != 0) else idx
+        return out.cast(d)
+
+    @staticmethod
+    def linspace(start: float, stop: float, num: int = 50, dtype=None, device: str | None = None) -> Tensor:
+        if num < 0:
+            raise ValueError(f"linspace: num must be non-negative, got {num}")
+        d = dtypes.to_dtype(dtype) if dtype is not None else dtypes.default_float
+        dev = _device(device)
+        if num == 1:
+            return Tensor.full((1,), start, d, dev)
+        step = (stop - start) / max(num - 1, 1)
+        i = Tensor._from_class(g.iota(num, dtypes.float64, dev))
+        v = i * step + start
+        last = Tensor._from_class(g.iota(num, dtypes.int64, dev)) == num - 1
+        return last.where(float(stop), v).cast(d)
+
+    @staticmethod
+    def eye(n: int, m: int | None = None, dtype=None, device: str | None = None) -> Tensor:
+        m = n if m is None else m
+        dev = _device(device)
+        r = Tensor._from_class(g.iota(n, dtypes.int64, dev)).reshape(n, 1)
+        c = Tensor._from_class(g.iota(m, dtypes.int64, dev)).reshape(1, m)
+        return (r == c).cast(dtypes.to_dtype(dtype) if dtype is not None else dtypes.default_float)
+
+    def full_like(self, value: Scalar, dtype=None) -> Tensor:
+        return Tensor.full(self.shape, value, dtype or self.dtype, self.device)
+
+    def zeros_like(self, dtype=None) -> Tensor:
+        return self.full_like(0, dtype)
+
+    def ones_like(self, dtype=None) -> Tensor:
+        return self.full_like(1, dtype)
+
+    # ---- dtype -----------------------------------------------------------------------------------------------
+    def cast(self, dtype) -> Tensor:
+        d = dtypes.to_dtype(dtype)
+        if d is self.dtype:
+            return self
+        return F.Cast.apply(self, dtype=d) if d.is_float and self.dtype.is_float else \
+            Tensor._from_class(g.cast(self.cls, d))
+
+    astype = cast
+
+    def float(self) -> Tensor:
+        return self.cast(dtypes.float32)
+
+    def half(self) -> Tensor:
+        return self.cast(dtypes.float16)
+
+    def int(self) -> Tensor:
+        return self.cast(dtypes.int32)
+
+    def long(self) -> Tensor:
+        return self.cast(dtypes.int64)
+
+    def bool(self) -> Tensor:
+        return self.cast(dtypes.bool_)
+
+    # ---- broadcasting ----------------------------------------------------------------------------------------
+    def _operand(self, other, *, reverse: bool = False) -> tuple[Tensor, Tensor]:
+        """Promote and broadcast ``self`` and ``other`` for an elementwise binary op."""
+        a = self if self.cls.device != "disk" else self._on_compute()
+        t = type(other)
+        if t is float or t is int or t is bool:  # hot path: Python scalars
+            d = dtypes.scalar_dtype(other, a.cls.dtype)
+            if t is int and d.is_int:
+                lo, hi = dtypes.int_range(d)
+                if not lo <= other <= hi:
+                    raise OverflowError(f"Python integer {other} out of bounds for {d.name}")
+            if d is not a.cls.dtype:
+                a = a.cast(d)
+            b = Tensor._from_class(g.const(other, a.cls.shape, d, a.cls.device))
+            return (b, a) if reverse else (a, b)
+        if isinstance(other, Tensor):
+            b = other._on_compute()
+            if a.device != b.device:
+                raise ValueError(f"expected all tensors on the same device, got {a.device} and {b.device}; "
+                                 "move one with .to(...)")
+            d = dtypes.promote_types(a.dtype, b.dtype)
+        elif isinstance(other, (bool, int, float, np.generic)):
+            if isinstance(other, np.generic):
+                other = other.item()
+            d = dtypes.scalar_dtype(other, a.dtype)
+            if d.is_int and isinstance(other, int) and not isinstance(other, bool):
+                lo, hi = dtypes.min_max(d)
+                if not lo <= other <= hi:
+                    raise OverflowError(f"Python integer {other} out of bounds for {d.name}")
+            b = Tensor._from_class(g.const(other, a.shape, d, a.device))
+        elif isinstance(other, (list, tuple, np.ndarray)):
+            return self._operand(Tensor(other, device=a.device), reverse=reverse)
+        else:
+            raise TypeError(f"unsupported operand type {type(other).__name__} for a Tensor op")
+        a, b = a.cast(d), b.cast(d)
+        if a.shape != b.shape:
+            shape = broadcast_shapes(a.shape, b.shape)
+            a, b = a._broadcast_to(shape), b._broadcast_to(shape)
+        return (b, a) if reverse else (a, b)
+
+    def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
+        if self.shape == shape:
+            return self
+        nd = len(shape)
+        x = self if self.ndim == nd else self.reshape((1,) * (nd - self.ndim) + self.shape)
+        return F.Expand.apply(x, shape=shape) if x.shape != shape else x
+
+    def broadcast_to(self, shape) -> Tensor:
+        shape = _shape_arg(shape)
+        if len(shape) < self.ndim or broadcast_shapes(self.shape, shape) != tuple(shape):
+            raise ValueError(f"cannot broadcast a tensor of shape {self.shape} to shape {tuple(shape)}")
+        return self._broadcast_to(tuple(shape))
+
+    def expand(self, *shape) -> Tensor:
+        shape = _shape_arg(shape)
+        if len(shape) < self.ndim:
+            raise ValueError(f"expand: the target {tuple(shape)} has fewer dimensions than the shape {self.shape}")
+        lead = len(shape) - self.ndim
+        full = tuple(self.shape[i - lead] if s == -1 and i >= lead else s for i, s in enumerate(shape))
+        return self.broadcast_to(full)
+
+    # ---- elementwise -----------------------------------------------------------------------------------------
+    def _float(self) -> Tensor:
+        x = self._on_compute()
+        return x if x.dtype.is_float else x.cast(dtypes.default_float)
+
+    def __add__(self, o):
+        a, b = self._operand(o)
+        return F.Add.apply(a, b) if a.dtype.kind != "b" else a | b
+
+    def __radd__(self, o):
+        a, b = self._operand(o, reverse=True)
+        return F.Add.apply(a, b) if a.dtype.kind != "b" else a | b
+
+    def __sub__(self, o):
+        a, b = self._operand(o)
+        _no_bool("subtract", a)
+        return F.Sub.apply(a, b)
+
+    def __rsub__(self, o):
+        a, b = self._operand(o, reverse=True)
+        _no_bool("subtract", a)
+        return F.Sub.apply(a, b)
+
+    def __mul__(self, o):
+        a, b = self._operand(o)
+        return F.Mul.apply(a, b) if a.dtype.kind != "b" else a & b
+
+    def __rmul__(self, o):
+        a, b = self._operand(o, reverse=True)
+        return F.Mul.apply(a, b) if a.dtype.kind != "b" else a & b
+
+    def __truediv__(self, o):
+        a, b = self._operand(o)
+        return F.Div.apply(a._float(), b._float())
+
+    def __rtruediv__(self, o):
+        a, b = self._operand(o, reverse=True)
+        return F.Div.apply(a._float(), b._float())
+
+    def __floordiv__(self, o):
+        a, b = self._operand(o)
+        return _binary_nograd(Op.IDIV, a, b)
+
+    def __rfloordiv__(self, o):
+        a, b = self._operand(o, reverse=True)
+        return _binary_nograd(Op.IDIV, a, b)
+
+    def __mod__(self, o):
+        a, b = self._operand(o)
+        return _binary_nograd(Op.MOD, a, b)
+
+    def __rmod__(self, o):
+        a, b = self._operand(o, reverse=True)
+        return _binary_nograd(Op.MOD, a, b)
+
+    def __pow__(self, o):
+        if isinstance(o, (int, float)) and not isinstance(o, bool) and self.dtype.is_float:
+            if o == 2:
+                return self * self
+            if o == 1:
+                return self
+            if o == 0.5:
+                return self.sqrt()
+            if o == -1:
+                return self.reciprocal()
+        a, b = self._operand(o)
+        if a.dtype.is_int and isinstance(o, int) and o < 0:
+            raise ValueError("integers to negative integer powers are not allowed")
+        return F.Pow.apply(a, b)
+
+    def __rpow__(self, o):
+        a, b = self._operand(o, reverse=True)
+        return F.Pow.apply(a, b)
+
+    def __neg__(self):
+        if self.dtype.kind == "b":
+            raise TypeError("negation of a bool tensor is not supported; use ~x or logical_not()")
+        return F.Neg.apply(self._on_compute())
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        return self.abs()
+
+    def __lt__(self, o):
+        return _compare(Op.CMPLT, *self._operand(o))
+
+    def __le__(self, o):
+        return _compare(Op.CMPLE, *self._operand(o))
+
+    def __gt__(self, o):
+        a, b = self._operand(o)
+        return _compare(Op.CMPLT, b, a)
+
+    def __ge__(self, o):
+        a, b = self._operand(o)
+        return _compare(Op.CMPLE, b, a)
+
+    def __eq__(self, o):  # type: ignore[override]
+        return _compare(Op.CMPEQ, *self._operand(o))
+
+    def __ne__(self, o):  # type: ignore[override]
+        return _compare(Op.CMPNE, *self._operand(o))
+
+    def __and__(self, o):
+        return _bitwise(Op.AND, *self._operand(o))
+
+    __rand__ = __and__
+
+    def __or__(self, o):
+        return _bitwise(Op.OR, *self._operand(o))
+
+    __ror__ = __or__
+
+    def __xor__(self, o):
+        return _bitwise(Op.XOR, *self._operand(o))
+
+    __rxor__ = __xor__
+
+    def __invert__(self):
+        x = self._on_compute()
+        if x.dtype.is_float:
+            raise TypeError(f"bitwise not needs a bool or integer tensor, got {x.dtype.name}")
+        return Tensor._from_class(g.unary(Op.NOT, x.cls))
+
+    def __lshift__(self, o):
+        return _shift(Op.SHL, *self._operand(o))
+
+    def __rshift__(self, o):
+        return _shift(Op.SHR, *self._operand(o))
+
+    def __rlshift__(self, o):
+        return _shift(Op.SHL, *self._operand(o, reverse=True))
+
+    def __rrshift__(self, o):
+        return _shift(Op.SHR, *self._operand(o, reverse=True))
+
+    def neg(self):
+        return -self
+
+    def exp(self):
+        return F.Exp.apply(self._float())
+
+    def exp2(self):
+        return F.Exp2.apply(self._float())
+
+    def log(self):
+        return F.Log.apply(self._float())
+
+    def log2(self):
+        return F.Log2.apply(self._float())
+
+    def sqrt(self):
+        return F.Sqrt.apply(self._float())
+
+    def rsqrt(self):
+        return self.sqrt().reciprocal()
+
+    def reciprocal(self):
+        return F.Recip.apply(self._float())
+
+    def sin(self):
+        return F.Sin.apply(self._float())
+
+    def cos(self):
+        return F.Cos.apply(self._float())
+
+    def tan(self):
+        return F.Tan.apply(self._float())
+
+    def tanh(self):
+        return F.Tanh.apply(self._float())
+
+    def erf(self):
+        return F.Erf.apply(self._float())
+
+    def abs(self):
+        x = self._on_compute()
+        if x.dtype.kind in "bu":
+            return x
+        return F.Abs.apply(x)
+
+    def sigmoid(self):
+        x = self._float()
+        # exp of a non-positive argument only: no overflow for large |x|
+        e = (-x.abs()).exp()
+        return (x >= 0).where(1 / (1 + e), e / (1 + e))
+
+    def relu(self):
+        return self.maximum(0) if self.dtype.kind != "b" else self
+
+    def leaky_relu(self, negative_slope: float = 0.01):
+        return (self > 0).where(self, self * negative_slope)
+
+    def gelu(self, approximate: str = "none"):
+        x = self._float()
+        if approximate == "tanh":
+            return 0.5 * x * (1 + (math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)).tanh())
+        if approximate != "none":
+            raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+        return 0.5 * x * (1 + (x * (1 / math.sqrt(2))).erf())
+
+    def silu(self):
+        return self * self.sigmoid()
+
+    def softplus(self, beta: float = 1.0, threshold: float = 20.0):
+        x = self._float()
+        bx = x * beta
+        soft = (1 + (-bx.abs()).exp()).log() / beta + x.maximum(0)
+        return (bx > threshold).where(x, soft)
+
+    def floor(self):
+        return _rounding(Op.FLOOR, self)
+
+    def ceil(self):
+        return _rounding(Op.CEIL, self)
+
+    def round(self):
+        return _rounding(Op.ROUND, self)
+
+    def trunc(self):
+        return _rounding(Op.TRUNC, self)
+
+    def sign(self):
+        x = self._on_compute()
+        if x.dtype.kind == "b":
+            return x
+        s = (x > 0).cast(x.dtype) - (x < 0).cast(x.dtype) if x.dtype.kind != "u" else (x > 0).cast(x.dtype)
+        return x.isnan().where(x, s) if x.dtype.is_float else s
+
+    def clip(self, min=None, max=None):  # noqa: A002 - NumPy's names
+        if min is None and max is None:
+            raise ValueError("clip: give min, max, or both")
+        x = self
+        if min is not None:
+            x = x.maximum(min)
+        if max is not None:
+            x = x.minimum(max)
+        return x
+
+    clamp = clip
+
+    def maximum(self, o):
+        a, b = self._operand(o)
+        return F.Maximum.apply(a, b)
+
+    def minimum(self, o):
+        a, b = self._operand(o)
+        return F.Minimum.apply(a, b)
+
+    def where(self, x, y):
+        """``self`` is the condition: elements of ``x`` where true, of ``y`` where false."""
+        return where(self, x, y)
+
+    def logical_not(self):
+        return Tensor._from_class(g.unary(Op.NOT, self.bool().cls))
+
+    def logical_and(self, o):
+        a, b = self.bool()._operand(o)
+        return Tensor._from_class(g.binary(Op.AND, a.bool().cls, b.bool().cls))
+
+    def logical_or(self, o):
+        a, b = self.bool()._operand(o)
+        return Tensor._from_class(g.binary(Op.OR, a.bool().cls, b.bool().cls))
+
+    def logical_xor(self, o):
+        a, b = self.bool()._operand(o)
+        return Tensor._from_class(g.binary(Op.XOR, a.bool().cls, b.bool().cls))
+
+    def isnan(self):
+        return Tensor._from_class(g.unary(Op.ISNAN, self._on_compute().cls))
+
+    def isinf(self):
+        return Tensor._from_class(g.unary(Op.ISINF, self._on_compute().cls))
+
+    def isfinite(self):
+        return (self.isnan() | self.isinf()).logical_not()
+
+    # ---- reductions ------------------------------------------------------------------------------------------
+    def _reduce(self, fn, axis, keepdim: bool, name: str, identity=None) -> Tensor:
+        x = self._on_compute()
+        axes = _norm_axes(axis, x.ndim)
+        if any(x.shape[a] == 0 for a in axes):
+            if identity is None:
+                raise ValueError(f"{name} of an empty axis has no identity (shape {x.shape}, axis {axis})")
+            shape = tuple(1 if i in axes else s for i, s in enumerate(x.shape))
+            out = Tensor.full(shape, identity, x.dtype, x.device)
+        else:
+            out = fn.apply(x, axes=axes) if axes else x
+        if not keepdim:
+            out = out.reshape(tuple(s for i, s in enumerate(x.shape) if i not in axes))
+        return out
+
+    def sum(self, axis=None, keepdim: bool = False, dtype=None, dim=None):
+        axis = _alias(axis, dim)
+        x = self._on_compute()
+        d = dtypes.to_dtype(dtype) if dtype is not None else _sum_dtype(x.dtype)
+        return x.cast(d)._reduce(F.Sum, axis, keepdim, "sum", 0)
+
+    def prod(self, axis=None, keepdim: bool = False, dtype=None, dim=None):
+        axis = _alias(axis, dim)
+        x = self._on_compute()
+        d = dtypes.to_dtype(dtype) if dtype is not None else _sum_dtype(x.dtype)
+        return x.cast(d)._reduce(F.Prod, axis, keepdim, "prod", 1)
+
+    def max(self, axis=None, keepdim: bool = False, dim=None):
+        return self._reduce(F.Max, _alias(axis, dim), keepdim, "max")
+
+    def min(self, axis=None, keepdim: bool = False, dim=None):
+        return self._reduce(F.Min, _alias(axis, dim), keepdim, "min")
+
+    amax = max
+    amin = min
+
+    def mean(self, axis=None, keepdim: bool = False, dim=None):
+        axis = _alias(axis, dim)
+        x = self._float()
+        axes = _norm_axes(axis, x.ndim)
+        n = math.prod(x.shape[a] for a in axes)
+        s = x.sum(axis, keepdim)
+        return s * (1.0 / n) if n else s * math.nan
+
+    def var(self, axis=None, keepdim: bool = False, ddof: int = 0, correction: int | None = None, dim=None):
+        axis = _alias(axis, dim)
+        ddof = correction if correction is not None else ddof
+        x = self._float()
+        axes = _norm_axes(axis, x.ndim)
+        n = math.prod(x.shape[a] for a in axes)
+        d = x - x.mean(axes, keepdim=True)
+        ss = (d * d).sum(axes, keepdim)
+        return ss * (1.0 / (n - ddof)) if n - ddof > 0 else ss * math.nan
+
+    def std(self, axis=None, keepdim: bool = False, ddof: int = 0, correction: int | None = None, dim=None):
+        return self.var(axis, keepdim, ddof, correction, dim).sqrt()
+
+    def any(self, axis=None, keepdim: bool = False, dim=None):
+        return _bool_reduce(self, "or", _alias(axis, dim), keepdim, False)
+
+    def all(self, axis=None, keepdim: bool = False, dim=None):
+        return _bool_reduce(self, "and", _alias(axis, dim), keepdim, True)
+
+    def _arg_extreme(self, axis, keepdim: bool, largest: bool) -> Tensor:
+        x = self._on_compute()
+        if axis is None:
+            x = x.reshape(-1)
+            ax = 0
+        else:
+            ax = _norm_axis(axis, x.ndim)
+        if x.ndim == 0:
+            return Tensor.full((), 0, dtypes.int64, x.device)
+        if x.shape[ax] == 0:
+            raise ValueError(f"arg{'max' if largest else 'min'} of an empty axis (shape {x.shape}, axis {ax})")
+        with F.no_grad():
+            m = x.max(ax, keepdim=True) if largest else x.min(ax, keepdim=True)
+            hit = x == m
+            if x.dtype.is_float:
+                hit = hit | x.isnan()
+            n = x.shape[ax]
+            shape = [1] * x.ndim
+            shape[ax] = n
+            idx = Tensor._from_class(g.iota(n, dtypes.int64, x.device)).reshape(shape)
+            out = hit.where(idx, n).min(ax, keepdim=keepdim)
+        if axis is None and keepdim:
+            out = out.reshape((1,) * self.ndim)
+        return out
+
+    def argmax(self, axis=None, keepdim: bool = False, dim=None):
+        return self._arg_extreme(_alias(axis, dim), keepdim, True)
+
+    def argmin(self, axis=None, keepdim: bool = False, dim=None):
+        return self._arg_extreme(_alias(axis, dim), keepdim, False)
+
+    def logsumexp(self, axis=None, keepdim: bool = False, dim=None):
+        axis = _alias(axis, dim)
+        x = self._float()
+        axes = _norm_axes(axis, x.ndim)
+        m = x.max(axes, keepdim=True).detach()
+        m = m.isinf().where(0.0, m)
+        out = (x - m).exp().sum(axes, keepdim=True).log() + m
+        return out if keepdim else out.reshape(tuple(s for i, s in enumerate(x.shape) if i not in axes))
+
+    def softmax(self, axis: int = -1, dim=None):
+        axis = _alias(axis, dim)
+        x = self._float()
+        e = (x - x.max(axis, keepdim=True).detach()).exp()
+        return e / e.sum(axis, keepdim=True)
+
+    def log_softmax(self, axis: int = -1, dim=None):
+        axis = _alias(axis, dim)
+        x = self._float()
+        return x - x.logsumexp(axis, keepdim=True)
+
+    def cumsum(self, axis: int = 0, dim=None):
+        axis = _alias(axis, dim)
+        x = self._on_compute()
+        if x.ndim == 0:
+            return x.reshape(1)
+        ax = _norm_axis(axis, x.ndim)
+        x = x.cast(_sum_dtype(x.dtype))
+        n = x.shape[ax]
+        xt = x.transpose(ax, -1)
+        i = Tensor._from_class(g.iota(n, dtypes.int64, x.device))
+        mask = i.reshape(n, 1) >= i.reshape(1, n)  # [out i, in j]: j <= i
+        shape = xt.shape[:-1] + (n, n)
+        terms = mask.broadcast_to(shape).where(xt.unsqueeze(-2).broadcast_to(shape), 0)
+        return terms.sum(-1).transpose(ax, -1)
+
+    # ---- movement --------------------------------------------------------------------------------------------
+    def reshape(self, *shape) -> Tensor:
+        shape = list(_shape_arg(shape))
+        n = self.numel()
+        if shape.count(-1) > 1:
+            raise ValueError(f"reshape: only one dimension can be -1, got {tuple(shape)}")
+        if -1 in shape:
+            rest = math.prod(s for s in shape if s != -1)
+            if rest == 0 or n % rest:
+                raise ValueError(f"cannot reshape tensor of shape {self.shape} ({n} elements) into shape "
+                                 f"{tuple(shape)}")
+            shape[shape.index(-1)] = n // rest
+        if any(s < 0 for s in shape) or math.prod(shape) != n:
+            raise ValueError(f"cannot reshape tensor of shape {self.shape} ({n} elements) into shape {tuple(shape)}")
+        shape = tuple(shape)
+        return self if shape == self.shape else F.Reshape.apply(self, shape=shape)
+
+    view = reshape
+
+    def permute(self, *order) -> Tensor:
+        order = tuple(_shape_arg(order))
+        if sorted(_norm_axis(o, self.ndim) for o in order) != list(range(self.ndim)) or len(order) != self.ndim:
+            raise ValueError(f"permute: {order} is not a permutation of the {self.ndim} axes of shape {self.shape}")
+        order = tuple(_norm_axis(o, self.ndim) for o in order)
+        return self if order == tuple(range(self.ndim)) else F.Permute.apply(self, order=order)
+
+    def transpose(self, axis0: int = -2, axis1: int = -1) -> Tensor:
+        if self.ndim < 2 and axis0 in (-2, -1) and axis1 in (-2, -1):
+            return self
+        a, b = _norm_axis(axis0, self.ndim), _norm_axis(axis1, self.ndim)
+        order = list(range(self.ndim))
+        order[a], order[b] = order[b], order[a]
+        return self.permute(order)
+
+    swapaxes = transpose
+
+    @property
+    def T(self) -> Tensor:  # noqa: N802
+        return self.permute(tuple(range(self.ndim - 1, -1, -1))) if self.ndim > 1 else self
+
+    @property
+    def mT(self) -> Tensor:  # noqa: N802
+        return self.transpose(-2, -1)
+
+    def squeeze(self, axis=None, dim=None) -> Tensor:
+        axis = _alias(axis, dim)
+        if axis is None:
+            return self.reshape(tuple(s for s in self.shape if s != 1))
+        axes = _norm_axes(axis, self.ndim)
+        for a in axes:
+            if self.shape[a] != 1:
+                raise ValueError(f"squeeze: axis {a} has size {self.shape[a]}, not 1 (shape {self.shape})")
+        return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+
+    def unsqueeze(self, axis: int, dim=None) -> Tensor:
+        axis = _alias(axis, dim)
+        a = _norm_axis(axis, self.ndim, "insert")
+        return self.reshape(self.shape[:a] + (1,) + self.shape[a:])
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+        if self.ndim == 0:
+            return self.reshape(1)
+        s, e = _norm_axis(start_dim, self.ndim), _norm_axis(end_dim, self.ndim)
+        if s > e:
+            raise ValueError(f"flatten: start_dim {start_dim} comes after end_dim {end_dim}")
+        return self.reshape(self.shape[:s] + (math.prod(self.shape[s:e + 1]),) + self.shape[e + 1:])
+
+    def pad(self, pad_width, value: Scalar = 0) -> Tensor:
+        """Constant padding. ``pad_width``: NumPy style ((before, after), ...) per axis, one (before, after)
+        pair for every axis, or PyTorch style flat (left, right, top, bottom, ...) starting at the last axis."""
+        pads = _pad_arg(pad_width, self.ndim)
+        x = self
+        if any(a < 0 or b < 0 for a, b in pads):
+            spec = tuple((max(-a, 0), s - max(-b, 0), 1) for (a, b), s in zip(pads, x.shape))
+            if any(st > sp for st, sp, _ in spec):
+                raise ValueError(f"pad: negative padding {pads} removes more than the shape {x.shape}")
+            x = x._shrink(spec)
+            pads = tuple((max(a, 0), max(b, 0)) for a, b in pads)
+        if isinstance(value, float) and not x.dtype.is_float and not value.is_integer():
+            raise TypeError(f"pad: value {value} does not fit {x.dtype.name}")
+        return F.Pad.apply(x, pads=pads, fill=value) if any(p != (0, 0) for p in pads) else x
+
+    def _shrink(self, spec) -> Tensor:
+        spec = tuple(spec)
+        if all((a, b, c) == (0, s, 1) for (a, b, c), s in zip(spec, self.shape)):
+            return self
+        return F.Shrink.apply(self, spec=spec)
+
+    def flip(self, axis=None, dims=None) -> Tensor:
+        axes = _norm_axes(_alias(axis, dims), self.ndim)
+        return self._shrink(tuple((s - 1, -1, -1) if i in axes and s > 0 else (0, s, 1)
+                                  for i, s in enumerate(self.shape)))
+
+    def repeat(self, *repeats) -> Tensor:
+        """Tile the tensor (PyTorch's ``repeat``, NumPy's ``tile``)."""
+        reps = tuple(_shape_arg(repeats))
+        if len(reps) < self.ndim:
+            raise ValueError(f"repeat: need at least {self.ndim} repeat counts for shape {self.shape}, got {reps}")
+        x = self.reshape((1,) * (len(reps) - self.ndim) + self.shape)
+        inter = []
+        for r, s in zip(reps, x.shape):
+            inter += [1, s]
+        x = x.reshape(inter)
+        big = []
+        for r, s in zip(reps, x.shape[1::2]):
+            big += [r, s]
+        return x.broadcast_to(tuple(big)).reshape(tuple(r * s for r, s in zip(reps, x.shape[1::2])))
+
+    tile = repeat
+
+    def repeat_interleave(self, repeats: int, axis: int | None = None) -> Tensor:
+        x = self.reshape(-1) if axis is None else self
+        ax = 0 if axis is None else _norm_axis(axis, x.ndim)
+        shape = x.shape[:ax + 1] + (repeats,) + x.shape[ax + 1:]
+        y = x.unsqueeze(ax + 1).broadcast_to(shape)
+        return y.reshape(x.shape[:ax] + (x.shape[ax] * repeats,) + x.shape[ax + 1:])
+
+    def split(self, split_size_or_sections, axis: int = 0, dim=None) -> list[Tensor]:
+        axis = _norm_axis(_alias(axis, dim), self.ndim)
+        n = self.shape[axis]
+        if isinstance(split_size_or_sections, int):
+            if split_size_or_sections <= 0:
+                raise ValueError(f"split: size must be positive, got {split_size_or_sections}")
+            sizes = [min(split_size_or_sections, n - i) for i in range(0, n, split_size_or_sections)] or [0]
+        else:
+            sizes = list(split_size_or_sections)
+            if sum(sizes) != n:
+                raise ValueError(f"split: sizes {sizes} do not add up to {n}, the size of axis {axis}")
+        out, start = [], 0
+        for s in sizes:
+            out.append(self._slice_axis(axis, start, start + s))
+            start += s
+        return out
+
+    def chunk(self, chunks: int, axis: int = 0, dim=None) -> list[Tensor]:
+        axis = _norm_axis(_alias(axis, dim), self.ndim)
+        if chunks <= 0:
+            raise ValueError(f"chunk: number of chunks must be positive, got {chunks}")
+        n = self.shape[axis]
+        size = max(1, -(-n // chunks))
+        return self.split(size, axis)
+
+    def _slice_axis(self, axis: int, start: int, stop: int) -> Tensor:
+        return self._shrink(tuple((start, stop, 1) if i == axis else (0, s, 1) for i, s in enumerate(self.shape)))
+
+    def __getitem__(self, index) -> Tensor:
+        return _getitem(self, index)
+
+    # ---- matmul ----------------------------------------------------------------------------------------------
+    def matmul(self, other: Tensor) -> Tensor:
+        return matmul(self, other)
+
+    __matmul__ = matmul
+
+    def __rmatmul__(self, other) -> Tensor:
+        return matmul(Tensor(other, device=self.device), self)
+
+    def dot(self, other: Tensor) -> Tensor:
+        if self.ndim == 1 and other.ndim == 1:
+            return matmul(self, other)
+        return matmul(self, other)
+
+    # ---- autograd --------------------------------------------------------------------------------------------
+    def backward(self, gradient: Tensor | None = None) -> None:
+        from zyx.backward import backward
+
+        backward(self, gradient)
+
+    def requires_grad_(self, flag: bool = True) -> Tensor:
+        self.requires_grad = flag
+        return self
+
+    # ---- in-place style updates (rebind the tensor to a new value) --------------------------------------------
+    def assign(self, value) -> Tensor:
+        """Make this tensor hold ``value`` (same shape); used by optimizers. Returns self."""
+        v = value if isinstance(value, Tensor) else Tensor(value, dtype=self.dtype, device=self.device)
+        if v.shape != self.shape:
+            raise ValueError(f"assign: shape {v.shape} does not match {self.shape}")
+        self.cls = v.cast(self.dtype).to(self.device).cls
+        return self
+
+
+F.Function.tensor_type = Tensor
+
+# ---------------------------------------------------------------------------------------------------------------
+# module-level op helpers
+
+
+def _alias(axis, dim):
+    return dim if dim is not None else axis
+
+
+def _shape_arg(shape) -> tuple[int, ...]:
+    if len(shape) == 1 and isinstance(shape[0], (list, tuple)):
+        shape = shape[0]
+    if isinstance(shape, (int, np.integer)):
+        shape = (shape,)
+    out = []
+    for s in shape:
+        if not isinstance(s, (int, np.integer)) or isinstance(s, bool):
+            raise TypeError(f"shape entries must be ints, got {s!r} in {tuple(shape)}")
+        out.append(int(s))
+    return tuple(out)
+
+
+def _pad_arg(pad_width, ndim: int) -> tuple[tuple[int, int], ...]:
+    pw = list(pad_width)
+    if pw and all(isinstance(p, (list, tuple)) for p in pw):
+        if len(pw) == 1 and ndim != 1:
+            pw = pw * ndim
+        if len(pw) != ndim:
+            raise ValueError(f"pad: got {len(pw)} (before, after) pairs for a tensor with {ndim} dimension(s)")
+        return tuple((int(a), int(b)) for a, b in pw)
+    if len(pw) % 2 or len(pw) // 2 > ndim:
+        raise ValueError(f"pad: a flat padding needs an even count up to {2 * ndim} values, got {len(pw)}")
+    pads = [(0, 0)] * ndim
+    for i in range(len(pw) // 2):
+        pads[ndim - 1 - i] = (int(pw[2 * i]), int(pw[2 * i + 1]))
+    return tuple(pads)
+
+
+def _scalar_default(v) -> DType:
+    if isinstance(v, bool):
+        return dtypes.bool_
+    if isinstance(v, int):
+        return dtypes.int64
+    return dtypes.default_float
+
+
+def _sum_dtype(d: DType) -> DType:
+    if d.kind == "b" or (d.kind == "i" and d.itemsize < 8):
+        return dtypes.int64
+    if d.kind == "u" and d.itemsize < 8:
+        return dtypes.uint64
+    return d
+
+
+def _no_bool(what: str, a: Tensor) -> None:
+    if a.dtype.kind == "b":
+        raise TypeError(f"cannot {what} bool tensors; use logical_xor or cast to an integer dtype first")
+
+
+def _binary_nograd(op: Op, a: Tensor, b: Tensor) -> Tensor:
+    if a.dtype.kind == "b":
+        a, b = a.cast(dtypes.int8), b.cast(dtypes.int8)
+    return Tensor._from_class(g.binary(op, a.cls, b.cls))
+
+
+def _compare(op: Op, a: Tensor, b: Tensor) -> Tensor:
+    return Tensor._from_class(g.binary(op, a.cls, b.cls))
+
+
+def _bitwise(op: Op, a: Tensor, b: Tensor) -> Tensor:
+    if a.dtype.is_float:
+        raise TypeError(f"bitwise {op.value} needs bool or integer tensors, got {a.dtype.name}")
+    return Tensor._from_class(g.binary(op, a.cls, b.cls))
+
+
+def _shift(op: Op, a: Tensor, b: Tensor) -> Tensor:
+    if not a.dtype.is_int:
+        raise TypeError(f"shifts need integer tensors, got {a.dtype.name}")
+    return Tensor._from_class(g.binary(op, a.cls, b.cls))
+
+
+def _rounding(op: Op, x: Tensor) -> Tensor:
+    x = x._on_compute()
+    if not x.dtype.is_float:
+        return x
+    return Tensor._from_class(g.unary(op, x.cls))
+
+
+def _bool_reduce(x: Tensor, op: str, axis, keepdim: bool, identity: bool) -> Tensor:
+    x = x._on_compute().bool()
+    axes = _norm_axes(axis, x.ndim)
+    if any(x.shape[a] == 0 for a in axes):
+        shape = tuple(1 if i in axes else s for i, s in enumerate(x.shape))
+        out = Tensor.full(shape, identity, dtypes.bool_, x.device)
+    else:
+        out = Tensor._from_class(g.reduce(op, x.cls, axes))
+    if not keepdim:
+        out = out.reshape(tuple(s for i, s in enumerate(x.shape) if i not in axes))
+    return out
+
+
+def where(cond, x, y) -> Tensor:
+    """Elements of ``x`` where ``cond`` is true, else of ``y`` (NumPy broadcasting and promotion)."""
+    devs = [t.device for t in (cond, x, y) if isinstance(t, Tensor)]
+    dev = _device(devs[0] if devs else None)
+    c = cond if isinstance(cond, Tensor) else Tensor(cond, dtype=dtypes.bool_, device=dev)
+    c = c._on_compute()
+    if isinstance(x, Tensor) or isinstance(y, Tensor):
+        tx = x if isinstance(x, Tensor) else None
+        ty = y if isinstance(y, Tensor) else None
+        base = tx if tx is not None else ty
+        if tx is None:
+            tx = Tensor._from_class(g.const(x, base.shape, dtypes.scalar_dtype(x, base.dtype), base.device))
+        if ty is None:
+            ty = Tensor._from_class(g.const(y, base.shape, dtypes.scalar_dtype(y, base.dtype), base.device))
+    else:
+        d = dtypes.promote_types(_scalar_default(x), _scalar_default(y))
+        tx = Tensor._from_class(g.const(x, c.shape, d, c.device))
+        ty = Tensor._from_class(g.const(y, c.shape, d, c.device))
+    a, b = tx._operand(ty)
+    shape = broadcast_shapes(c.shape, a.shape)
+    c, a, b = c.bool()._broadcast_to(shape), a._broadcast_to(shape), b._broadcast_to(shape)
+    if c.device != a.device:
+        raise ValueError(f"expected all tensors on the same device, got {c.device} and {a.device}")
+    return F.Where.apply(c, a, b)
+
+
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    """NumPy matmul: 1-D operands gain (and lose) an axis, batch axes broadcast."""
+    if not isinstance(a, Tensor) or not isinstance(b, Tensor):
+        raise TypeError("matmul needs two tensors")
+    if a.ndim == 0 or b.ndim == 0:
+        raise ValueError(f"matmul: operands must have at least 1 dimension, got shapes {a.shape} and {b.shape}")
+    a, b = a._on_compute(), b._on_compute()
+    if a.device != b.device:
+        raise ValueError(f"expected all tensors on the same device, got {a.device} and {b.device}")
+    d = dtypes.promote_types(a.dtype, b.dtype)
+    a1, b1 = a.ndim == 1, b.ndim == 1
+    x = a.reshape(1, a.shape[0]) if a1 else a
+    y = b.reshape(b.shape[0], 1) if b1 else b
+    if x.shape[-1] != y.shape[-2]:
+        raise ValueError(f"matmul: shapes {a.shape} and {b.shape} do not align (inner sizes {x.shape[-1]} and "
+                         f"{y.shape[-2]})")
+    batch = broadcast_shapes(x.shape[:-2], y.shape[:-2])
+    m, k, n = x.shape[-2], x.shape[-1], y.shape[-1]
+    acc = dtypes.float32 if d in (dtypes.float16, dtypes.bfloat16) else (dtypes.int64 if d.kind == "b" else d)
+    x = x.cast(acc)._broadcast_to(batch + (m, k)) if x.shape[:-2] != batch else x.cast(acc)
+    y = y.cast(acc)._broadcast_to(batch + (k, n)) if y.shape[:-2] != batch else y.cast(acc)
+    prod = x.reshape(batch + (m, 1, k)) * y.transpose(-1, -2).reshape(batch + (1, n, k))
+    out = prod.sum(-1).cast(d)
+    if a1 and b1:
+        return out.reshape(())
+    if a1:
+        return out.reshape(batch + (n,))
+    if b1:
+        return out.reshape(batch + (m,))
+    return out
+
+
+def _index_tensor(idx, x: Tensor, axis: int) -> Tensor:
+    t = idx if isinstance(idx, Tensor) else Tensor(np.asarray(idx), device=x.device)
+    if t.dtype.kind == "b":
+        raise IndexError("boolean mask indexing is not supported (its result shape depends on the data); "
+                         "use where() instead")
+    if not t.dtype.is_int:
+        raise IndexError(f"tensors used as indices must be integers, got {t.dtype.name}")
+    n = x.shape[axis]
+    if t.cls.realized and t.device == "host":
+        vals = t.numpy()
+        if vals.size and (vals.min() < -n or vals.max() >= n):
+            bad = vals[(vals < -n) | (vals >= n)].reshape(-1)[0]
+            raise IndexError(f"index {bad} is out of bounds for axis {axis} with size {n}")
+    return t
+
+
+def _getitem(x: Tensor, index) -> Tensor:
+    """NumPy basic indexing (ints, slices, None, Ellipsis) plus one integer tensor on one axis."""
+    if not isinstance(index, tuple):
+        index = (index,)
+    is_tensor = [isinstance(ix, (Tensor, list, np.ndarray)) for ix in index]
+    if sum(is_tensor) > 1:
+        raise IndexError("indexing with more than one integer tensor is not supported; index one axis at a time")
+    n_real = sum(1 for ix in index if ix is not None and ix is not Ellipsis)
+    if sum(1 for ix in index if ix is Ellipsis) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    if n_real > x.ndim:
+        raise IndexError(f"too many indices for a tensor of dimension {x.ndim} (got {n_real})")
+    full: list = []
+    for ix in index:
+        full.extend([slice(None)] * (x.ndim - n_real) if ix is Ellipsis else [ix])
+    if not any(ix is Ellipsis for ix in index):
+        full.extend([slice(None)] * (x.ndim - n_real))
+    spec, gather_axis, gather_index, axis = [], None, None, 0
+    for ix in full:
+        if ix is None:
+            continue
+        size = x.shape[axis]
+        if isinstance(ix, slice):
+            spec.append(ix.indices(size))
+        elif isinstance(ix, (bool, np.bool_)):
+            raise IndexError("boolean scalar indices are not supported")
+        elif isinstance(ix, (int, np.integer)):
+            i = int(ix)
+            if not -size <= i < size:
+                raise IndexError(f"index {i} is out of bounds for axis {axis} with size {size}")
+            i %= size
+            spec.append((i, i + 1, 1))
+        elif isinstance(ix, (Tensor, list, np.ndarray)):
+            spec.append((0, size, 1))
+            gather_axis, gather_index = axis, _index_tensor(ix, x, axis)
+        else:
+            raise IndexError(f"unsupported index {ix!r} of type {type(ix).__name__}")
+        axis += 1
+    y = x._shrink(spec)
+    if gather_index is not None:
+        y = F.Gather.apply(y, gather_index.detach(), axis=gather_axis)
+    shape, p = [], 0
+    for ix in full:
+        if ix is None:
+            shape.append(1)
+        elif isinstance(ix, slice):
+            shape.append(y.shape[p])
+            p += 1
+        elif isinstance(ix, (int, np.integer)):
+            p += 1
+        else:
+            shape.extend(gather_index.shape)
+            p += gather_index.ndim
+    return y.reshape(tuple(shape))
+
+
+def realize(*tensors: Tensor) -> None:
+    """Realize several tensors in one schedule (shared work is computed once)."""
+    schedule.realize([t._on_compute().cls if t.device == "disk" else t.cls for t in tensors])
+
+
+def cat(tensors: Sequence[Tensor], axis: int = 0, dim=None) -> Tensor:
+    axis = _alias(axis, dim)
+    ts = [t._on_compute() for t in tensors]
+    if not ts:
+        raise ValueError("cat: needs at least one tensor")
+    nd = ts[0].ndim
+    if nd == 0:
+        raise ValueError("cat: zero-dimensional tensors cannot be concatenated; use stack")
+    ax = _norm_axis(axis, nd)
+    for t in ts[1:]:
+        if t.ndim != nd or any(a != b for i, (a, b) in enumerate(zip(t.shape, ts[0].shape)) if i != ax):
+            raise ValueError(f"cat: shapes {ts[0].shape} and {t.shape} differ outside axis {ax}")
+    d = ts[0].dtype
+    for t in ts[1:]:
+        d = dtypes.promote_types(d, t.dtype)
+    total = sum(t.shape[ax] for t in ts)
+    out = None
+    start = 0
+    for t in ts:
+        pads = [(0, 0)] * nd
+        pads[ax] = (start, total - start - t.shape[ax])
+        piece = t.cast(d).pad(pads)
+        out = piece if out is None else out + piece if d.kind != "b" else out | piece
+        start += t.shape[ax]
+    return out
+
+
+def stack(tensors: Sequence[Tensor], axis: int = 0, dim=None) -> Tensor:
+    axis = _alias(axis, dim)
+    ts = list(tensors)
+    if not ts:
+        raise ValueError("stack: needs at least one tensor")
+    for t in ts[1:]:
+        if t.shape != ts[0].shape:
+            raise ValueError(f"stack: all tensors need the same shape, got {ts[0].shape} and {t.shape}")
+    ax = _norm_axis(axis, ts[0].ndim, "insert")
+    return cat([t.unsqueeze(ax) for t in ts], ax)
+
+
+_seed = [0, 0]  # seed, counter
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the counter-based generator: the same seed gives the same numbers on every device."""
+    _seed[0] = int(seed) & ((1 << 64) - 1)
+    _seed[1] = 0
+
+
+def _random_bits(shape, device: str | None) -> Tensor:
+    """64 random bits per element: splitmix64 of (seed, counter + linear index), counter advanced."""
+    shape = _shape_arg(shape)
+    n = math.prod(shape)
+    dev = _device(device)
+    seed = Tensor._from_class(var_class(_seed[0], dtypes.uint64, dev))
+    off = Tensor._from_class(var_class(_seed[1], dtypes.uint64, dev))
+    _seed[1] += n
+    i = Tensor._from_class(g.iota(n, dtypes.uint64, dev))
+    z = (i + off + 1) * 0x9E3779B97F4A7C15 + seed
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+    z = z ^ (z >> 31)
+    return z.reshape(shape)
+
+
+def rand(*shape, dtype=None, device: str | None = None) -> Tensor:
+    d = dtypes.to_dtype(dtype) if dtype is not None else dtypes.default_float
+    bits = _random_bits(shape, device)
+    return ((bits >> 40).cast(dtypes.float32) * (1.0 / (1 << 24))).cast(d)
+
+
+def randn(*shape, dtype=None, device: str | None = None) -> Tensor:
+    d = dtypes.to_dtype(dtype) if dtype is not None else dtypes.default_float
+    bits = _random_bits(shape, device)
+    u1 = 1.0 - (bits >> 40).cast(dtypes.float32) * (1.0 / (1 << 24))  # (0, 1]
+    u2 = (bits & 0xFFFFFF).cast(dtypes.float32) * (1.0 / (1 << 24))
+    return ((-2.0 * u1.log()).sqrt() * (u2 * (2 * math.pi)).cos()).cast(d)
+
+
+def randint(low: int, high: int | None = None, size=(), dtype=None, device: str | None = None) -> Tensor:
+    if high is None:
+        low, high = 0, low
+    if high <= low:
+        raise ValueError(f"randint: high ({high}) must be greater than low ({low})")
+    d = dtypes.to_dtype(dtype) if dtype is not None else dtypes.int64
+    bits = _random_bits(size if isinstance(size, (tuple, list)) else (size,), device)
+    return ((bits % (high - low)).cast(dtypes.int64) + low).cast(d)
+

@@ -1,0 +1,90 @@
+"""Process-wide debug flags and counters, shared by every layer (imports nothing from zyx).
+
+``ZYX_DEBUG`` is a bitmask or a comma list of names: dev(1) graph(2) sched(4) ir(8) asm(16) launch(32)
+memory(64) compile(128) autotune(256). A malformed value is an error naming the accepted names.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import Counter
+
+FLAGS = {"dev": 1, "graph": 2, "sched": 4, "ir": 8, "asm": 16, "launch": 32, "memory": 64, "compile": 128,
+         "autotune": 256}
+
+
+def parse_debug(value: str | None) -> int:
+    if not value:
+        return 0
+    value = value.strip()
+    if value.isdigit():
+        return int(value)
+    mask = 0
+    for part in value.split(","):
+        part = part.strip().lower()
+        if not part:
+            continue
+        if part not in FLAGS:
+            raise ValueError(f"ZYX_DEBUG: unknown flag {part!r}; use a bitmask or names from "
+                             f"{', '.join(f'{k}({v})' for k, v in FLAGS.items())}")
+        mask |= FLAGS[part]
+    return mask
+
+
+DEBUG = parse_debug(os.environ.get("ZYX_DEBUG"))
+
+STATS: Counter = Counter()
+
+
+def debug_on(flag: str) -> bool:
+    return bool(DEBUG & FLAGS[flag])
+
+
+def log(flag: str, msg: str) -> None:
+    if DEBUG & FLAGS[flag]:
+        print(f"[zyx:{flag}] {msg}", file=sys.stderr)
+
+
+def set_debug(value: str | int) -> None:
+    """Change the debug mask at run time (tests, notebooks)."""
+    global DEBUG
+    DEBUG = value if isinstance(value, int) else parse_debug(value)
+
+
+_DEEP_STACK_BYTES = 512 << 20
+_deep_local = __import__("threading").local()
+
+
+def deep_call(fn, *args, **kwargs):
+    """Run ``fn`` on a thread with a large stack and recursion limit (graph passes recurse per op depth).
+
+    Calls made from inside such a thread run directly.
+    """
+    import threading
+
+    if getattr(_deep_local, "inside", False):
+        return fn(*args, **kwargs)
+    result: list = []
+
+    def target() -> None:
+        _deep_local.inside = True
+        try:
+            result.append((True, fn(*args, **kwargs)))
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller
+            result.append((False, e))
+
+    if sys.getrecursionlimit() < 1_000_000:
+        sys.setrecursionlimit(1_000_000)
+    old = threading.stack_size()
+    threading.stack_size(_DEEP_STACK_BYTES)
+    try:
+        t = threading.Thread(target=target, name="zyx-plan")
+        t.start()
+    finally:
+        threading.stack_size(old)
+    t.join()
+    ok, value = result[0]
+    if not ok:
+        raise value
+    return value
