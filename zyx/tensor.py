@@ -73,7 +73,11 @@ def _np_from(data, dtype: DType | None) -> np.ndarray:
     if isinstance(data, np.ndarray):
         arr = data
     elif isinstance(data, (bool, int, float, list, tuple, np.generic)):
-        arr = np.asarray(data)
+        try:
+            arr = np.asarray(data)
+        except ValueError as e:
+            raise TypeError(f"cannot make a Tensor from {type(data).__name__} with ragged or non-numeric "
+                            f"elements ({e})") from None
         if dtype is None:
             if arr.dtype.kind == "f" and not isinstance(data, np.generic):
                 arr = arr.astype(np.float32)
@@ -90,7 +94,7 @@ def _np_from(data, dtype: DType | None) -> np.ndarray:
         arr = arr.astype(dtype.np_dtype)
     else:
         dtypes.to_dtype(arr.dtype)  # raises TypeError for dtypes zyx lacks
-    return np.ascontiguousarray(arr)
+    return arr if arr.flags.c_contiguous else np.array(arr, order="C")
 
 
 def _upload(arr: np.ndarray, device: str) -> Class:
@@ -362,7 +366,8 @@ class Tensor:
 
     def broadcast_to(self, shape) -> Tensor:
         shape = _shape_arg(shape)
-        if len(shape) < self.ndim or broadcast_shapes(self.shape, shape) != tuple(shape):
+        ok = len(shape) >= self.ndim and all(s == o or s == 1 for s, o in zip(self.shape[::-1], shape[::-1]))
+        if not ok:
             raise ValueError(f"cannot broadcast a tensor of shape {self.shape} to shape {tuple(shape)}")
         return self._broadcast_to(tuple(shape))
 
@@ -1181,7 +1186,7 @@ def _getitem(x: Tensor, index) -> Tensor:
     y = x._shrink(spec)
     if gather_index is not None:
         y = F.Gather.apply(y, gather_index.detach(), axis=gather_axis)
-    shape, p = [], 0
+    shape, p, gather_at = [], 0, 0
     for ix in full:
         if ix is None:
             shape.append(1)
@@ -1191,9 +1196,20 @@ def _getitem(x: Tensor, index) -> Tensor:
         elif isinstance(ix, (int, np.integer)):
             p += 1
         else:
+            gather_at = len(shape)
             shape.extend(gather_index.shape)
             p += gather_index.ndim
-    return y.reshape(tuple(shape))
+    y = y.reshape(tuple(shape))
+    if gather_index is not None:
+        # NumPy: ints count as advanced indices too; when advanced indices are not adjacent, their result
+        # dimensions go first
+        adv = [i for i, ix in enumerate(full) if isinstance(ix, (int, np.integer, Tensor, list, np.ndarray))]
+        if adv[-1] - adv[0] + 1 != len(adv) and gather_at:
+            nd = gather_index.ndim
+            order = list(range(gather_at, gather_at + nd)) + [i for i in range(y.ndim)
+                                                              if not gather_at <= i < gather_at + nd]
+            y = y.permute(order)
+    return y
 
 
 def realize(*tensors: Tensor) -> None:

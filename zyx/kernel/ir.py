@@ -244,18 +244,32 @@ def _linear(e: Expr) -> tuple[dict[Expr, int], int]:
 
 
 def _fold_divmod_pairs(terms: dict[Expr, int]) -> None:
-    """c*(x//c)*k + (x%c)*k  ->  x*k."""
-    for atom in [a for a in terms if a.op is Ops.MOD]:
-        if atom not in terms:
-            continue
-        x, c = atom.srcs[0], atom.srcs[1].arg
-        k = terms[atom]
-        q = _interned.get((Ops.DIV, atom.dtype.name, (id(x), id(atom.srcs[1])), None))
-        if q is not None and terms.get(q) == k * c:
+    """k*(a % m) + k*m*(a // m) -> k*a, where a // m of a = x // c is interned as x // (c*m); repeats
+    until nothing folds (so digit-by-digit unravel/ravel chains collapse back to the flat index)."""
+    changed = True
+    while changed:
+        changed = False
+        for atom in [a for a in terms if a is not _CONST_SLOT and a.op is Ops.MOD]:
+            if atom not in terms or atom.srcs[1].op is not Ops.CONST:
+                continue
+            a, m = atom.srcs[0], atom.srcs[1].arg
+            k = terms[atom]
+            if a.op is Ops.DIV and a.srcs[1].op is Ops.CONST:
+                qkey = (Ops.DIV, atom.dtype.name, (id(a.srcs[0]),), a.srcs[1].arg * m)
+            else:
+                qkey = (Ops.DIV, atom.dtype.name, (id(a),), m)
+            q = _div_index.get(qkey)
+            if q is None or terms.get(q) != k * m:
+                continue
             del terms[atom], terms[q]
-            for a, v in _linear(x)[0].items():
-                terms[a] = terms.get(a, 0) + v * k
-            terms[_CONST_SLOT] = terms.get(_CONST_SLOT, 0) + _linear(x)[1] * k
+            lin, c0 = _linear(a)
+            for t, v in lin.items():
+                terms[t] = terms.get(t, 0) + v * k
+            terms[_CONST_SLOT] = terms.get(_CONST_SLOT, 0) + c0 * k
+            changed = True
+
+
+_div_index: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # (DIV, dtype, (id(x),), c) -> x // c
 
 
 _CONST_SLOT = None  # key for a constant produced while folding; popped by _rebuild
@@ -305,6 +319,8 @@ def mul(a: Expr, b: Expr) -> Expr:
                 return const(0, a.dtype)
             t, c = _linear(a)
             return _rebuild({k: v * b.arg for k, v in t.items()}, c * b.arg, a.dtype)
+        a, b = sorted((a, b))
+        return _make(Ops.MUL, a.dtype, (a, b), None, _bounds(Ops.MUL, a.dtype, (a, b)))
     return alu(Ops.MUL, a, b)
 
 
@@ -328,7 +344,9 @@ def idiv(a: Expr, c: int) -> Expr:
                 return add(_rebuild(whole, k0 // c, a.dtype), idiv(r, c))
         if a.op is Ops.DIV and a.srcs[1].op is Ops.CONST and a.srcs[0].vmin >= 0:
             return idiv(a.srcs[0], a.srcs[1].arg * c)
-        return _make(Ops.DIV, a.dtype, (a, const(c, a.dtype)), None, (a.vmin // c, a.vmax // c))
+        q = _make(Ops.DIV, a.dtype, (a, const(c, a.dtype)), None, (a.vmin // c, a.vmax // c))
+        _div_index[(Ops.DIV, a.dtype.name, (id(a),), c)] = q
+        return q
     return alu(Ops.DIV, a, const(c, a.dtype))
 
 

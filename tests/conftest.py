@@ -1,0 +1,38 @@
+"""Shared fixtures: every op test runs on each compute device the registry finds (cross-backend parity)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import zyx
+from zyx.backends.registry import registry
+
+
+def compute_devices() -> list[str]:
+    return [name for name, p in registry().placements().items() if p.devices]
+
+
+def pytest_generate_tests(metafunc):
+    if "device" in metafunc.fixturenames:
+        devs = compute_devices()
+        marks = {d: [pytest.mark.cuda] if d.startswith("cuda") else [] for d in devs}
+        metafunc.parametrize("device", [pytest.param(d, marks=marks[d], id=d) for d in devs])
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(1234)
+
+
+def assert_close(got, want, rtol: float = 1e-5, atol: float = 1e-6, dtype=None) -> None:
+    """Compare a zyx result with a NumPy reference: shape, optionally dtype, values (NaN == NaN)."""
+    g = got.numpy() if isinstance(got, zyx.Tensor) else np.asarray(got)
+    w = np.asarray(want)
+    assert g.shape == w.shape, f"shape {g.shape} != {w.shape}"
+    if dtype is not None:
+        assert g.dtype == np.dtype(dtype), f"dtype {g.dtype} != {np.dtype(dtype)}"
+    if g.dtype.kind in "biu" and w.dtype.kind in "biu":
+        np.testing.assert_array_equal(g, w)
+    else:
+        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=rtol, atol=atol, equal_nan=True)

@@ -1,0 +1,148 @@
+"""What a realize launches (zyx.debug.schedule), caching of schedules, and graph memory."""
+
+from __future__ import annotations
+
+import gc
+import resource
+
+import numpy as np
+import pytest
+from conftest import assert_close
+
+import zyx
+from zyx.graph import node
+
+
+def generated(*tensors) -> list:
+    return [s for s in zyx.debug.schedule(*tensors) if s.kind == "generated"]
+
+
+@pytest.fixture
+def abc(rng, device):
+    return [zyx.Tensor(rng.standard_normal((64, 32)).astype(np.float32), device=device) for _ in range(3)]
+
+
+def test_elementwise_chain_is_one_kernel(abc):
+    a, b, c = abc
+    out = (a * b + c).relu() * 0.5 + (-a.abs()).exp()
+    sched = zyx.debug.schedule(out)
+    assert [s.kind for s in sched] == ["generated"]
+    an, bn, cn = (t.numpy() for t in abc)
+    assert_close(out, np.maximum(an * bn + cn, 0) * 0.5 + np.exp(-np.abs(an)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("permuted", [False, True])
+def test_row_sum_is_one_kernel(device, rng, permuted):
+    a = rng.standard_normal((48, 40)).astype(np.float32)
+    x = zyx.Tensor(a.T.copy() if permuted else a, device=device)
+    x = x.T if permuted else x
+    assert len(generated(x.sum(axis=1))) == 1
+    assert_close(x.sum(axis=1), a.sum(axis=1), rtol=1e-5, atol=1e-5)
+
+
+def test_softmax_at_most_two_kernels(device, rng):
+    x = zyx.Tensor(rng.standard_normal((16, 100)).astype(np.float32), device=device)
+    assert len(generated(x.softmax(-1))) <= 2
+    assert len(generated(x.log_softmax(-1))) <= 2
+
+
+def test_movement_chain_then_elementwise_is_one_kernel(device, rng):
+    a = rng.standard_normal((4, 6, 8)).astype(np.float32)
+    x = zyx.Tensor(a, device=device)
+    y = x.permute(2, 0, 1)[1:, ::-1].reshape(7, 2, 12).pad(((0, 0), (1, 1), (0, 0))).flip(0).expand(2, 7, 4, 12)
+    out = y * 2 + 1
+    assert len(zyx.debug.schedule(out)) == 1
+    want = np.broadcast_to(np.flip(np.pad(a.transpose(2, 0, 1)[1:, ::-1].reshape(7, 2, 12),
+                                          ((0, 0), (1, 1), (0, 0))), 0), (2, 7, 4, 12)) * 2 + 1
+    assert_close(out, want)
+
+
+def test_realized_tensor_is_not_recomputed(device, rng):
+    x = zyx.Tensor(rng.standard_normal((8, 8)).astype(np.float32), device=device)
+    y = (x.exp() * 3).sum(1).realize()
+    zyx.debug.reset_stats()
+    (y + 1).numpy()
+    (y * 2).numpy()
+    assert zyx.debug.stats()["launches"] == 2  # one kernel each; y's reduce is not run again
+    assert all("r_" not in s.name for s in zyx.debug.schedule(y - 5))
+
+
+def test_shared_reduce_is_computed_once(device, rng):
+    x = zyx.Tensor(rng.standard_normal((8, 8)).astype(np.float32), device=device)
+    s = x.sum(1, keepdim=True)
+    a, b = x * s, x - s.T
+    kinds = zyx.debug.schedule(a, b)
+    # s feeds two kernels: stored once instead of recomputed in both
+    assert len(kinds) == 3
+    xn = x.numpy()
+    sn = xn.sum(1, keepdims=True)
+    zyx.realize(a, b)
+    assert_close(a, xn * sn, rtol=1e-5)
+    assert_close(b, xn - sn.T, rtol=1e-5, atol=1e-5)
+
+
+def test_reduce_recomputed_in_inner_loop_is_materialized(device, rng):
+    x = zyx.Tensor(rng.standard_normal((16, 16)).astype(np.float32), device=device)
+    s = x.sum(0)  # indexed by the inner loop of the consumer below: storing it beats 16x recomputation
+    out = x + s  # out[i, j] = x[i, j] + s[j]
+    assert len(generated(out)) == 2
+    xn = x.numpy()
+    assert_close(out, xn + xn.sum(0), rtol=1e-5, atol=1e-5)
+    per_row = x + s.reshape(16, 1)  # s[i] in the outer loop: computed once per row, fused
+    assert len(generated(per_row)) == 1
+    assert_close(per_row, xn + xn.sum(0)[:, None], rtol=1e-5, atol=1e-5)
+
+
+def test_schedule_cache_hit_compiles_nothing(device, rng):
+    def step(a, b):
+        return ((a @ b).relu() + a.sum()).softmax(-1)
+
+    step(zyx.Tensor(rng.random((6, 6), np.float32), device=device),
+         zyx.Tensor(rng.random((6, 6), np.float32), device=device)).numpy()
+    zyx.debug.reset_stats()
+    for _ in range(3):
+        out = step(zyx.Tensor(rng.random((6, 6), np.float32), device=device),
+                   zyx.Tensor(rng.random((6, 6), np.float32), device=device))
+        out.numpy()
+    st = zyx.debug.stats()
+    assert st["compiles"] == 0
+    assert st["schedule_cache_hits"] == 3 and st["schedule_cache_misses"] == 0
+
+
+def test_random_numbers_do_not_recompile(device):
+    zyx.rand(4, 4, device=device).numpy()
+    zyx.debug.reset_stats()
+    a = zyx.rand(4, 4, device=device).numpy()
+    b = zyx.rand(4, 4, device=device).numpy()
+    assert not np.array_equal(a, b)
+    assert zyx.debug.stats()["compiles"] == 0
+
+
+def test_hash_consing_shares_nodes(device, rng):
+    x = zyx.Tensor(rng.random((3, 3), np.float32), device=device)
+    assert (x * 2 + 1).cls is (x * 2 + 1).cls
+    assert (x.exp()).cls is not (x.log()).cls
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+def test_memory_flat_over_many_rounds(device, rng):
+    x = zyx.Tensor(rng.random((32, 32), np.float32), device=device)
+
+    def rounds(n: int) -> None:
+        for i in range(n):
+            y = ((x * (i % 7) + 1).exp() * x).sum(1)
+            y.realize()
+            z = (y[::2] - 1).relu()
+            z.numpy()
+
+    rounds(300)
+    gc.collect()
+    before_rss, before_nodes = _rss_mb(), node.live_classes()
+    rounds(10_000)
+    gc.collect()
+    assert node.live_classes() <= before_nodes + 5
+    assert _rss_mb() - before_rss < 20, (before_rss, _rss_mb())

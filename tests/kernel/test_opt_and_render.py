@@ -1,0 +1,86 @@
+"""Kernel IR passes and the C renderer, one at a time."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import zyx
+from zyx import dtypes
+from zyx.backends.base import DeviceInfo
+from zyx.kernel import ir, opt
+from zyx.kernel.ir import Kernel, Ops, Param, Store
+from zyx.kernel.linearize import Reduce, linearize, walk
+from zyx.kernel.render import CRenderer
+
+
+def _copy_kernel(shape, perm=None) -> Kernel:
+    rs = tuple(ir.range_(i, s) for i, s in enumerate(shape))
+    flat = ir.const(0, ir.index_dtype)
+    stride = 1
+    order = list(range(len(shape)))[::-1] if perm is None else perm
+    for d in order:
+        flat = flat + rs[d] * stride
+        stride *= shape[d]
+    out = ir.const(0, ir.index_dtype)
+    stride = 1
+    for d in reversed(range(len(shape))):
+        out = out + rs[d] * stride
+        stride *= shape[d]
+    v = ir.load(1, dtypes.float32, flat)
+    n = int(np.prod(shape))
+    return Kernel("k", (Param("p0", dtypes.float32, "out", n), Param("p1", dtypes.float32, "in", n)), rs,
+                  (Store(0, out, v),))
+
+
+def test_merge_contiguous_loops():
+    k = opt.merge_loops(_copy_kernel((4, 5, 6)))
+    assert [r.arg[1] for r in k.loops] == [120]
+
+
+def test_no_merge_across_a_transpose():
+    # the load walks axis 0 fastest, then axes 2 and 1: axes 1 and 2 merge, axis 0 stays apart
+    k = opt.merge_loops(_copy_kernel((4, 5, 6), perm=[0, 2, 1]))
+    assert [r.arg[1] for r in k.loops] == [4, 30]
+    full_transpose = opt.merge_loops(_copy_kernel((4, 5, 6), perm=[1, 2, 0]))
+    assert [r.arg[1] for r in full_transpose.loops] == [4, 5, 6]
+
+
+def test_drop_unit_loops():
+    k = opt.drop_unit_loops(_copy_kernel((1, 5, 1)))
+    assert [r.arg[1] for r in k.loops] == [5]
+
+
+def test_parallel_and_vector_marks():
+    info = DeviceInfo("host", "host", compute_units=2)
+    big = opt.optimize(_copy_kernel((512, 512)), info)
+    assert big.parallel == 1 and big.vector
+    small = opt.optimize(_copy_kernel((4, 4)), info)
+    assert small.parallel == 0
+
+
+def test_linearize_hoists_loop_invariants():
+    i, k = ir.range_(0, 8), ir.range_(1, 16)
+    row = ir.load(1, dtypes.float32, i)  # depends on i only
+    red = ir.reduce(Ops.ADD, ir.alu(Ops.MUL, ir.load(2, dtypes.float32, i * 16 + k), row), (k,))
+    kern = Kernel("k", (Param("p0", dtypes.float32, "out", 8), Param("p1", dtypes.float32, "in", 8),
+                        Param("p2", dtypes.float32, "in", 128)), (i,), (Store(0, i, red),))
+    root = linearize(kern)
+    body = root.inner.body
+    assert row in body.stmts  # loaded once per row, outside the reduce loop
+    reds = [s for s in walk(root) if isinstance(s, Reduce)]
+    assert len(reds) == 1 and row not in reds[0].loop.body.stmts
+
+
+def test_rendered_c_compiles_and_runs():
+    x = zyx.Tensor(np.arange(12, dtype=np.float32).reshape(3, 4))
+    src = zyx.debug.kernel_source((x * 2).sum(1))[0]
+    assert "#pragma omp simd reduction(+:" in src
+    np.testing.assert_allclose((x * 2).sum(1).numpy(), (np.arange(12).reshape(3, 4) * 2).sum(1))
+
+
+def test_renderer_literals():
+    r = CRenderer()
+    assert r.literal(float("inf"), dtypes.float32) == "INFINITY"
+    assert r.literal(-(2**63), dtypes.int64).startswith("(-9223372036854775807LL")
+    assert r.literal(2**64 - 1, dtypes.uint64) == "18446744073709551615ULL"
+    assert r.literal(True, dtypes.bool_) == "1"

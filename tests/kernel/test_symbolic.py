@@ -1,0 +1,100 @@
+"""Index arithmetic simplification: equivalence by exhaustive evaluation, plus the rewrites fusion relies on."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from zyx.kernel import ir
+from zyx.kernel.ir import Ops
+
+
+def evaluate(e: ir.Expr, env: dict) -> int:
+    if e.op is Ops.CONST:
+        return e.arg
+    if e.op is Ops.RANGE:
+        return env[e]
+    a = [evaluate(s, env) for s in e.srcs]
+    if e.op is Ops.ADD:
+        return a[0] + a[1]
+    if e.op is Ops.MUL:
+        return a[0] * a[1]
+    if e.op is Ops.DIV:
+        return a[0] // a[1]
+    if e.op is Ops.MOD:
+        return a[0] % a[1]
+    raise AssertionError(e.op)
+
+
+@st.composite
+def index_exprs(draw):
+    rs = [ir.range_(i, draw(st.integers(1, 6))) for i in range(draw(st.integers(1, 3)))]
+    e = ir.const(draw(st.integers(0, 5)), ir.index_dtype)
+    for r in rs:
+        e = e + r * draw(st.integers(0, 12))
+    for _ in range(draw(st.integers(0, 3))):
+        c = draw(st.integers(1, 8))
+        e = ir.idiv(e, c) if draw(st.booleans()) else ir.mod(e, c)
+        if draw(st.booleans()):
+            e = e * draw(st.integers(1, 4)) + rs[0]
+    return rs, e
+
+
+@settings(max_examples=300, deadline=None)
+@given(index_exprs())
+def test_simplified_expression_has_correct_bounds(prog):
+    rs, e = prog
+    for combo in itertools.product(*(range(r.arg[1]) for r in rs)):
+        v = evaluate(e, dict(zip(rs, combo)))
+        assert e.vmin <= v <= e.vmax
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 5), min_size=1, max_size=4), st.data())
+def test_reshape_roundtrip_is_identity(shape, data):
+    """ravel(unravel(flat)) over any shape folds back to the flat index (what fused reshapes need)."""
+    n = 1
+    for s in shape:
+        n *= s
+    assume(n > 1)  # a range of size 1 is the constant 0, which is what the fold returns
+    flat = ir.range_(0, n)
+    idx = []
+    acc = n
+    for s in shape:
+        acc //= s
+        idx.append(ir.mod(ir.idiv(flat, acc), s))
+    back = ir.const(0, ir.index_dtype)
+    stride = 1
+    for i, s in reversed(list(zip(idx, shape))):
+        back = back + i * stride
+        stride *= s
+    assert back is flat
+
+
+def test_basic_rewrites():
+    r = ir.range_(0, 8)
+    q = ir.range_(1, 4)
+    e = r * 4 + q
+    assert ir.idiv(e, 4) is r
+    assert ir.mod(e, 4) is q
+    assert ir.mod(r, 16) is r
+    assert ir.idiv(r, 16).op is Ops.CONST
+    assert ir.idiv(ir.idiv(r * 6 + q, 2), 3) is ir.idiv(r * 6 + q, 6)
+    assert (r + 0) is r and (r * 1) is r
+    assert ir.alu(Ops.CMPLT, r, ir.const(8, ir.index_dtype)).arg is True
+    assert ir.alu(Ops.CMPLT, r, ir.const(0, ir.index_dtype)).arg is False
+
+
+def test_interning_makes_equal_expressions_identical():
+    r = ir.range_(3, 5)
+    assert (r * 2 + 1) is (1 + 2 * r)
+    x = ir.load(0, ir.index_dtype, r)
+    assert ir.alu(Ops.MAX, x, r) is ir.alu(Ops.MAX, x, r)
+
+
+def test_gate_false_removes_load():
+    r = ir.range_(0, 4)
+    assert ir.load(0, ir.index_dtype, r, ir.const(False, ir.dtypes.bool_)).op is Ops.CONST
+    assert len(ir.load(0, ir.index_dtype, r, ir.const(True, ir.dtypes.bool_)).srcs) == 1

@@ -1,0 +1,67 @@
+"""matmul / @ / dot with NumPy semantics: 1-D operands, batch broadcasting, transposed and strided inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import assert_close
+
+import zyx
+
+SHAPES = [
+    ((3,), (3,)), ((3,), (3, 4)), ((2, 3), (3,)), ((2, 3), (3, 4)), ((5, 2, 3), (3, 4)), ((2, 3), (5, 3, 4)),
+    ((1, 2, 3), (4, 3, 2)), ((2, 1, 2, 3), (3, 3, 2)), ((0, 3), (3, 2)), ((2, 0), (0, 3)), ((1, 1), (1, 1)),
+]
+
+
+@pytest.mark.parametrize("sa,sb", SHAPES, ids=[f"{a}@{b}" for a, b in SHAPES])
+def test_matmul_shapes(device, rng, sa, sb):
+    a = rng.standard_normal(sa).astype(np.float32)
+    b = rng.standard_normal(sb).astype(np.float32)
+    got = zyx.Tensor(a, device=device) @ zyx.Tensor(b, device=device)
+    assert_close(got, np.matmul(a.astype(np.float64), b.astype(np.float64)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int32", "int64"])
+def test_matmul_dtypes(device, rng, dtype):
+    a = rng.integers(-3, 4, size=(4, 6)).astype(dtype)
+    b = rng.integers(-3, 4, size=(6, 5)).astype(dtype)
+    want = a @ b
+    assert_close(zyx.Tensor(a, device=device) @ zyx.Tensor(b, device=device), want, dtype=want.dtype)
+
+
+def test_matmul_transposed_and_strided(device, rng):
+    a = rng.standard_normal((8, 6)).astype(np.float32)
+    b = rng.standard_normal((5, 8)).astype(np.float32)
+    x, y = zyx.Tensor(a, device=device), zyx.Tensor(b, device=device)
+    assert_close(x.T @ y.T, a.T @ b.T, rtol=1e-5, atol=1e-5)
+    assert_close(x[::2].T @ y[:, ::2].T, a[::2].T @ b[:, ::2].T, rtol=1e-5, atol=1e-5)
+    assert_close(x.matmul(x.T), a @ a.T, rtol=1e-5, atol=1e-5)
+
+
+def test_dot_and_rmatmul(device, rng):
+    v = rng.standard_normal(7).astype(np.float32)
+    w = rng.standard_normal(7).astype(np.float32)
+    V, W = zyx.Tensor(v, device=device), zyx.Tensor(w, device=device)
+    r = V.dot(W)
+    assert r.shape == ()
+    assert_close(r, np.dot(v, w), rtol=1e-5)
+    m = rng.standard_normal((3, 7)).astype(np.float32)
+    assert_close(zyx.matmul(zyx.Tensor(m, device=device), V), m @ v, rtol=1e-5)
+
+
+def test_matmul_mixed_promotes(device, rng):
+    a = rng.standard_normal((2, 3)).astype(np.float32)
+    b = rng.integers(0, 3, size=(3, 2)).astype(np.int64)
+    got = zyx.Tensor(a, device=device) @ zyx.Tensor(b, device=device)
+    assert_close(got, a @ b, rtol=1e-5, dtype=np.float64)
+
+
+def test_matmul_errors():
+    a = zyx.Tensor(np.ones((2, 3), np.float32))
+    with pytest.raises(ValueError, match=r"\(2, 3\) and \(4, 5\)"):
+        a @ zyx.Tensor(np.ones((4, 5), np.float32))
+    with pytest.raises(ValueError, match="at least 1 dimension"):
+        a @ zyx.Tensor(np.float32(1))
+    with pytest.raises(ValueError, match="cannot be broadcast"):
+        zyx.Tensor(np.ones((2, 2, 3))) @ zyx.Tensor(np.ones((3, 3, 2)))
