@@ -933,6 +933,10 @@ class Tensor:
         return self._shrink(tuple((start, stop, 1) if i == axis else (0, s, 1) for i, s in enumerate(self.shape)))
 
     def __getitem__(self, index) -> Tensor:
+        if self.cls.device == "disk":
+            from zyx.io import disk_getitem  # reads only the byte range the index touches
+
+            return disk_getitem(self, index)
         return _getitem(self, index)
 
     # ---- matmul ----------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from zyx.kernel.ir import Expr, Kernel, Ops, Store
 
 PARALLEL_MIN_WORK = 1 << 15
 SPLIT_REDUCE_MIN = 1 << 15
-WIDE_ACC_MIN = 1 << 12
+WIDE_ACC_MIN = 1 << 11
 
 
 def _all_roots(k: Kernel) -> list[Expr]:

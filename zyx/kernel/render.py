@@ -28,6 +28,7 @@ class CStyleRenderer:
 
     index_type = "long long"
     restrict = "__restrict__"
+    sum_block = 1024  # elements per float partial sum of a long float32 reduction
     math_fns: dict[tuple[str, str], str] = {}
     supports_f64 = True
 
@@ -285,17 +286,16 @@ class CRenderer(CStyleRenderer):
             e = red.expr
             op = e.arg[0]
             acc = fresh("acc")
-            acc_name[e] = acc
             at = self.acc_type(e, k)
             ident = self.identity(op, e, at)
             nan = op in (Ops.MAX, Ops.MIN) and e.dtype.is_float
-            reds = [(_OMP_RED[op], acc)] + ([("|", f"{acc}_nan")] if nan else [])
+            # long float sums: float partial sums over blocks (vectorized), accumulated in double
+            blocked = at == "double" and e.dtype is not dtypes.float64 and op is Ops.ADD and len(e.arg[1]) == 1
             lines.append(f"{ind}{at} {acc} = {ident};")
             if nan:
                 lines.append(f"{ind}int {acc}_nan = 0;")
+            n = red.loop.range.arg[1]
             if red.split:
-                n = red.loop.range.arg[1]
-                r = rng(red.loop.range)
                 lines.append(f"{ind}{at} {acc}_part[256]; int {acc}_nt = 1;")
                 if nan:
                     lines.append(f"{ind}int {acc}_nanp[256];")
@@ -307,11 +307,7 @@ class CRenderer(CStyleRenderer):
                 lines.append(f"{i2}{at} {acc} = {ident};")
                 if nan:
                     lines.append(f"{i2}int {acc}_nan = 0;")
-                inner = red.loop
-                lines.extend(i2 + h for h in self.pragmas(inner, reds))
-                lines.append(f"{i2}for ({self.index_type} {r} = lo; {r} < hi; {r}++) {{")
-                emit_block(inner.body, i2 + "  ")
-                lines.append(f"{i2}}}")
+                reduce_loop(red, i2, "lo", "hi", acc, nan, blocked)
                 lines.append(f"{i2}{acc}_part[tid] = {acc}; {acc}_nt = nt;")
                 if nan:
                     lines.append(f"{i2}{acc}_nanp[tid] = {acc}_nan;")
@@ -321,7 +317,7 @@ class CRenderer(CStyleRenderer):
                 lines.append(f"{ind}  {comb}" + (f" {acc}_nan |= {acc}_nanp[t];" if nan else ""))
                 lines.append(f"{ind}}}")
             else:
-                emit_loop(red.loop, ind, reds)
+                reduce_loop(red, ind, "0", str(n), acc, nan, blocked)
             fin = acc
             if nan:
                 fin = f"({acc}_nan ? {self.literal(math.nan, dtypes.float64 if at == 'double' else dtypes.float32)}" \
@@ -330,6 +326,31 @@ class CRenderer(CStyleRenderer):
             rt = self.reg_type(e.dtype)
             lines.append(f"{ind}const {rt} {nm} = ({rt})({fin});")
             name[e] = nm
+
+        def reduce_loop(red: Reduce, ind: str, lo: str, hi: str, acc: str, nan: bool, blocked: bool) -> None:
+            e, loop = red.expr, red.loop
+            r = rng(loop.range)
+            if not blocked:
+                acc_name[e] = acc
+                reds = [(_OMP_RED[e.arg[0]], acc)] + ([("|", f"{acc}_nan")] if nan else [])
+                lines.extend(ind + h for h in self.pragmas(loop, reds))
+                lines.append(f"{ind}for ({self.index_type} {r} = {lo}; {r} < {hi}; {r}++) {{")
+                emit_block(loop.body, ind + "  ")
+                lines.append(f"{ind}}}")
+                return
+            part = f"{acc}_b"
+            acc_name[e] = part
+            b = self.sum_block
+            lines.append(f"{ind}for ({self.index_type} {r}_b = {lo}; {r}_b < {hi}; {r}_b += {b}) {{")
+            i2 = ind + "  "
+            lines.append(f"{i2}const {self.index_type} {r}_e = {r}_b + {b} < {hi} ? {r}_b + {b} : {hi};")
+            lines.append(f"{i2}float {part} = 0.0f;")
+            lines.extend(i2 + h for h in self.pragmas(loop, [("+", part)]))
+            lines.append(f"{i2}for ({self.index_type} {r} = {r}_b; {r} < {r}_e; {r}++) {{")
+            emit_block(loop.body, i2 + "  ")
+            lines.append(f"{i2}}}")
+            lines.append(f"{i2}{acc} += {part};")
+            lines.append(f"{ind}}}")
 
         def emit_loop(loop: Loop, ind: str, reds: list | None = None) -> None:
             r = rng(loop.range)

@@ -1,0 +1,212 @@
+"""``python -m zyx.bench``: zyx beside NumPy (and PyTorch eager when importable), medians after warm-up.
+
+Every zyx timing is end to end as a user sees it: building the lazy graph, planning (cached after the
+warm-up), and running until the result is realized. Inputs are realized before timing starts. Ratios are
+reference time / zyx time (above 1: zyx is faster), measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+import zyx
+
+
+@dataclass
+class Row:
+    name: str
+    zyx_ms: float
+    refs: dict[str, float] = field(default_factory=dict)  # reference name -> ms
+    note: str = ""
+
+    def ratio(self, ref: str) -> float | None:
+        return self.refs[ref] / self.zyx_ms if ref in self.refs and self.zyx_ms > 0 else None
+
+
+def median_ms(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def _torch():
+    try:
+        import torch
+
+        torch.set_num_threads(os.cpu_count() or 1)
+        return torch
+    except ImportError:
+        return None
+
+
+CASES: list[Callable[[argparse.Namespace], Row | None]] = []
+
+
+def case(fn):
+    CASES.append(fn)
+    return fn
+
+
+@case
+def fused_elementwise(args) -> Row:
+    n = 1 << (args.scale + 4)
+    rng = np.random.default_rng(0)
+    a, b, c = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
+    A, B, C = (zyx.Tensor(v).realize() for v in (a, b, c))
+    row = Row(f"relu(a*b+c)*0.5+exp(-abs(a)) 2^{args.scale + 4} f32",
+              median_ms(lambda: ((A * B + C).relu() * 0.5 + (-A.abs()).exp()).realize(), args.repeats))
+    row.refs["numpy"] = median_ms(lambda: np.maximum(a * b + c, 0) * 0.5 + np.exp(-np.abs(a)), args.repeats)
+    torch = _torch()
+    if torch is not None:
+        ta, tb, tc = (torch.from_numpy(v) for v in (a, b, c))
+        row.refs["torch"] = median_ms(lambda: (ta * tb + tc).relu() * 0.5 + (-ta.abs()).exp(), args.repeats)
+    return row
+
+
+def _square(args) -> tuple[np.ndarray, zyx.Tensor]:
+    n = 1 << (args.scale // 2 + 2)
+    x = np.random.default_rng(1).standard_normal((n, n)).astype(np.float32)
+    return x, zyx.Tensor(x).realize()
+
+
+@case
+def row_sum(args) -> Row:
+    x, X = _square(args)
+    row = Row(f"row sum {x.shape[0]}x{x.shape[1]} f32", median_ms(lambda: X.sum(axis=1).realize(), args.repeats))
+    row.refs["numpy"] = median_ms(lambda: x.sum(axis=1), args.repeats)
+    torch = _torch()
+    if torch is not None:
+        t = torch.from_numpy(x)
+        row.refs["torch"] = median_ms(lambda: t.sum(dim=1), args.repeats)
+    return row
+
+
+@case
+def softmax(args) -> Row:
+    x, X = _square(args)
+
+    def np_softmax():
+        e = np.exp(x - x.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    row = Row(f"softmax rows {x.shape[0]}x{x.shape[1]} f32", median_ms(lambda: X.softmax(-1).realize(), args.repeats))
+    row.refs["numpy"] = median_ms(np_softmax, args.repeats)
+    torch = _torch()
+    if torch is not None:
+        t = torch.from_numpy(x)
+        row.refs["torch"] = median_ms(lambda: torch.softmax(t, -1), args.repeats)
+    return row
+
+
+@case
+def matmul(args) -> Row:
+    n = 1 << (args.scale // 2 - 2)
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((n, n)).astype(np.float32), rng.standard_normal((n, n)).astype(np.float32)
+    A, B = zyx.Tensor(a).realize(), zyx.Tensor(b).realize()
+    kinds = {s.kind for s in zyx.debug.schedule(A @ B)}
+    row = Row(f"matmul {n}^3 f32", median_ms(lambda: (A @ B).realize(), max(3, args.repeats // 2)),
+              note="library" if "library" in kinds else "generated")
+    row.refs["numpy"] = median_ms(lambda: a @ b, args.repeats)
+    torch = _torch()
+    if torch is not None:
+        ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+        row.refs["torch"] = median_ms(lambda: ta @ tb, args.repeats)
+    return row
+
+
+@case
+def tiny_chain(args) -> Row:
+    s = np.random.default_rng(3).standard_normal(64).astype(np.float32)
+    S = zyx.Tensor(s).realize()
+
+    def chain_zyx():
+        y = S
+        for i in range(200):
+            y = y * 1.001 + 0.001 if i % 2 else (y - 0.5).relu()
+        return y.realize()
+
+    def chain_np():
+        y = s
+        for i in range(200):
+            y = y * np.float32(1.001) + np.float32(0.001) if i % 2 else np.maximum(y - np.float32(0.5), 0)
+        return y
+
+    row = Row("200 chained tiny ops (64 elems), end to end", median_ms(chain_zyx, max(args.repeats, 20)),
+              note="one kernel, schedule cached")
+    row.refs["numpy"] = median_ms(chain_np, max(args.repeats, 20))
+    torch = _torch()
+    if torch is not None:
+        t = torch.from_numpy(s)
+
+        def chain_torch():
+            y = t
+            for i in range(200):
+                y = y * 1.001 + 0.001 if i % 2 else (y - 0.5).relu()
+            return y
+
+        row.refs["torch"] = median_ms(chain_torch, max(args.repeats, 20))
+    return row
+
+
+def format_table(rows: list[Row]) -> str:
+    refs = sorted({r for row in rows for r in row.refs}, key=lambda r: ["numpy", "torch"].index(r)
+                  if r in ("numpy", "torch") else 9)
+    head = f"{'benchmark':52s} {'zyx ms':>9s}" + "".join(f" {r + ' ms':>10s} {'x ' + r:>8s}" for r in refs)
+    lines = [head, "-" * len(head)]
+    for row in rows:
+        line = f"{row.name:52s} {row.zyx_ms:9.2f}"
+        for r in refs:
+            if r in row.refs:
+                line += f" {row.refs[r]:10.2f} {row.ratio(r):8.2f}"
+            else:
+                line += f" {'-':>10s} {'-':>8s}"
+        lines.append(line + (f"  ({row.note})" if row.note else ""))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m zyx.bench", description=__doc__)
+    ap.add_argument("--repeats", type=int, default=7, help="timed runs per case (median reported)")
+    ap.add_argument("--scale", type=int, default=20, help="log2 size: 20 gives 2^24 elements, 4096^2, 1024^3")
+    ap.add_argument("--only", default="", help="comma list of case names to run")
+    ap.add_argument("--out", default="bench_results.json", help="JSON output path")
+    args = ap.parse_args(argv)
+    rows = []
+    only = {s.strip() for s in args.only.split(",") if s.strip()}
+    for fn in CASES:
+        if only and fn.__name__ not in only:
+            continue
+        row = fn(args)
+        if row is not None:
+            rows.append(row)
+            print(f"  done: {row.name}", flush=True)
+    print()
+    print(format_table(rows))
+    info = {"machine": platform.machine(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "numpy": np.__version__, "device": zyx.default_device(), "repeats": args.repeats,
+            "ratio": "reference ms / zyx ms (above 1: zyx faster)"}
+    with open(args.out, "w") as f:
+        json.dump({"info": info, "rows": [asdict(r) | {"ratios": {k: r.ratio(k) for k in r.refs}} for r in rows]},
+                  f, indent=2, default=lambda v: None if isinstance(v, float) and math.isnan(v) else v)
+    print(f"\nJSON written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
