@@ -404,7 +404,7 @@ class Shrink(Function):
 
     def backward(self, grad):
         out = grad
-        for axis, ((start, stop, step), n) in enumerate(zip(self.spec, self.src)):
+        for axis, ((start, _stop, step), n) in enumerate(zip(self.spec, self.src)):
             out = _unshrink_axis(out, axis, start, step, n)
         return (out,)
 

@@ -887,7 +887,7 @@ class Tensor:
             raise ValueError(f"repeat: need at least {self.ndim} repeat counts for shape {self.shape}, got {reps}")
         x = self.reshape((1,) * (len(reps) - self.ndim) + self.shape)
         inter = []
-        for r, s in zip(reps, x.shape):
+        for s in x.shape:
             inter += [1, s]
         x = x.reshape(inter)
         big = []

@@ -95,7 +95,7 @@ class Pool(ABC):
     def pool_to_pool(self, src_pool: Pool, src: BufferId, dst: BufferId) -> None:
         """Copy all of ``dst``'s bytes from ``src`` in ``src_pool``; this (destination) pool drives it."""
 
-    def sync(self) -> None:
+    def sync(self) -> None:  # noqa: B027 - optional hook, nothing to do for synchronous pools
         """Wait until all work queued on this pool's buffers completed (default: nothing is queued)."""
 
 
@@ -123,8 +123,8 @@ class Device(ABC):
     @abstractmethod
     def release(self, program: ProgramId) -> None: ...
 
-    def match_graph(self, graph: Any, outputs: Sequence[Any]) -> None:
+    def match_graph(self, graph: Any, outputs: Sequence[Any]) -> None:  # noqa: B027 - optional hook
         """Add library alternatives to ``graph``'s classes (see ``zyx.graph.Graph``); default: none."""
 
-    def sync(self) -> None:
+    def sync(self) -> None:  # noqa: B027 - optional hook, nothing to do for synchronous devices
         """Wait for every launch queued on this device; raises the first asynchronous error."""

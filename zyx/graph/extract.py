@@ -1,13 +1,214 @@
-"""Extraction: choose, for each class the outputs need, the alternative node with the least total time.
+"""Extraction: choose one node per needed class so that the total estimated time is least.
 
-Classes holding a single node keep it. Library alternatives come from ``Device.match_graph``.
+A class's alternatives are its own node (fused generated code) and the ``Op.KERNEL`` library nodes devices
+added in ``match_graph``. The total time of a choice counts every class reachable from the outputs through
+the chosen nodes once (shared inputs are paid once), which is why choosing per class greedily is not
+optimal in general. Small choice spaces are searched exhaustively; larger ones start from a greedy choice
+improved by single flips, then branch and bound (lower bound: classes needed whatever the remaining
+choices, each unchosen class at its cheapest own cost) searches for better within a budget.
 """
 
 from __future__ import annotations
 
-from zyx.graph.node import Class, Node
+import itertools
+import math
+from collections.abc import Callable
+
+from zyx.graph.match import Matmul, match_matmul
+from zyx.graph.node import ELEMENTWISE, Class, LibraryKernel, Node, Op
+from zyx.utils import debug_on, log
+
+CostFn = Callable[[Class, Node], float]
+EXHAUSTIVE_LIMIT = 4096
+SEARCH_BUDGET = 20_000  # partial choices the branch and bound may examine
+GENERATED_NS_PER_ELEMENT = 1.0  # one fused element operation on one compute unit
 
 
-def choose(order: list[Class], outputs: list[Class]) -> dict[int, Node]:
-    """Map id(class) → chosen node for classes with alternatives (absent: the class's own node)."""
-    return {}
+class Graph:
+    """What ``Device.match_graph`` sees: the classes a realize needs, a matmul matcher, a way to add
+    library alternatives."""
+
+    def __init__(self, classes: list[Class], outputs: list[Class]) -> None:
+        self.classes = classes
+        self.outputs = outputs
+        self._matmuls: list[Matmul] | None = None
+
+    def matmuls(self) -> list[Matmul]:
+        if self._matmuls is None:
+            self._matmuls = [m for m in map(match_matmul, self.classes) if m is not None]
+        return self._matmuls
+
+    def match_matmul(self, c: Class) -> Matmul | None:
+        return match_matmul(c)
+
+    def add_alternative(self, c: Class, kernel: LibraryKernel) -> None:
+        for n in c.nodes[1:]:
+            if n.arg.device is kernel.device and n.arg.name == kernel.name and n.srcs == tuple(kernel.inputs):
+                return  # planned before (same class, same device): keep one copy
+        c.nodes.append(Node(Op.KERNEL, tuple(kernel.inputs), kernel))
+
+
+def default_cost(compute_units: Callable[[str], int]) -> CostFn:
+    """Time estimate (ns) of computing one node: library kernels carry their own; generated work is counted
+    per element and operation, spread over the device's compute units."""
+
+    def cost(c: Class, n: Node) -> float:
+        if n.op is Op.KERNEL:
+            return n.arg.est_ns
+        if n.op in ELEMENTWISE:
+            return c.numel * GENERATED_NS_PER_ELEMENT / compute_units(c.device)
+        if n.op is Op.REDUCE:
+            return n.srcs[0].numel * GENERATED_NS_PER_ELEMENT / compute_units(c.device)
+        return 0.0
+
+    return cost
+
+
+def _srcs(c: Class, choice: dict[int, Node]) -> tuple[Class, ...]:
+    if c.realized:
+        return ()
+    n = choice.get(id(c))
+    return (n if n is not None else c.nodes[0]).srcs
+
+
+def needed(outputs: list[Class], choice: dict[int, Node]) -> list[Class]:
+    """Classes reachable from ``outputs`` through the chosen nodes, sources first (leaves excluded)."""
+    order: list[Class] = []
+    seen: set[int] = set()
+    for out in outputs:
+        stack: list[tuple[Class, bool]] = [(out, False)]
+        while stack:
+            c, done = stack.pop()
+            if done:
+                order.append(c)
+                continue
+            if id(c) in seen or c.realized or c.op is Op.VAR:
+                continue
+            seen.add(id(c))
+            stack.append((c, True))
+            stack.extend((s, False) for s in reversed(_srcs(c, choice)))
+    return order
+
+
+def total_cost(outputs: list[Class], choice: dict[int, Node], cost: CostFn) -> float:
+    total = 0.0
+    for c in needed(outputs, choice):
+        n = choice.get(id(c))
+        total += cost(c, n if n is not None else c.nodes[0])
+    return total
+
+
+def extract(outputs: list[Class], cost: CostFn, exhaustive_limit: int = EXHAUSTIVE_LIMIT) -> dict[int, Node]:
+    """Map id(class) → chosen node for every reachable class that has alternatives."""
+    base: dict[int, Node] = {}
+    # classes with alternatives reachable under *some* choice: grow until stable
+    choosable: list[Class] = []
+    seen: set[int] = set()
+    frontier = list(outputs)
+    while frontier:
+        c = frontier.pop()
+        if id(c) in seen or c.realized or c.op is Op.VAR:
+            continue
+        seen.add(id(c))
+        if len(c.nodes) > 1:
+            choosable.append(c)
+        for n in c.nodes:
+            frontier.extend(n.srcs)
+    if not choosable:
+        return base
+    space = math.prod(len(c.nodes) for c in choosable)
+    if space <= exhaustive_limit:
+        best, best_cost = None, math.inf
+        for combo in itertools.product(*(c.nodes for c in choosable)):
+            choice = {id(c): n for c, n in zip(choosable, combo)}
+            t = total_cost(outputs, choice, cost)
+            if t < best_cost:
+                best, best_cost = choice, t
+        result = best
+    else:
+        result = _branch_and_bound(outputs, choosable, cost, _greedy_then_improve(outputs, choosable, cost))
+    if debug_on("sched"):
+        for c in choosable:
+            alts = ", ".join(f"{_label(n)}={cost(c, n) / 1e3:.1f}us" for n in c.nodes)
+            log("sched", f"{c!r}: chose {_label(result[id(c)])} among [{alts}]")
+    return result
+
+
+def _label(n: Node) -> str:
+    return f"library:{n.arg.name}" if n.op is Op.KERNEL else f"generated:{n.op.value}"
+
+
+def _greedy_then_improve(outputs: list[Class], choosable: list[Class], cost: CostFn) -> dict[int, Node]:
+    # greedy: per class, the node whose own cost plus the (tree) cost of its inputs is least
+    memo: dict[int, float] = {}
+
+    def tree(c: Class) -> float:
+        if c.realized or c.op is Op.VAR:
+            return 0.0
+        if id(c) not in memo:
+            memo[id(c)] = math.inf  # cycle guard
+            memo[id(c)] = min(cost(c, n) + sum(tree(s) for s in n.srcs) for n in c.nodes)
+        return memo[id(c)]
+
+    choice = {id(c): min(c.nodes, key=lambda n, c=c: cost(c, n) + sum(tree(s) for s in n.srcs)) for c in choosable}
+    current = total_cost(outputs, choice, cost)
+    improved = True
+    while improved:
+        improved = False
+        for c in choosable:
+            for n in c.nodes:
+                if n is choice[id(c)]:
+                    continue
+                trial = dict(choice)
+                trial[id(c)] = n
+                t = total_cost(outputs, trial, cost)
+                if t < current:
+                    choice, current, improved = trial, t, True
+    return choice
+
+
+def _lower_bound(outputs: list[Class], partial: dict[int, Node], open_ids: set[int], cost: CostFn) -> float:
+    """A cost every completion of ``partial`` pays: undecided classes count at their cheapest own cost and
+    their inputs are not counted (some alternative might not need them)."""
+    total, seen, stack = 0.0, set(), list(outputs)
+    while stack:
+        c = stack.pop()
+        if id(c) in seen or c.realized or c.op is Op.VAR:
+            continue
+        seen.add(id(c))
+        if id(c) in open_ids and id(c) not in partial:
+            total += min(cost(c, n) for n in c.nodes)
+            continue
+        n = partial.get(id(c), c.nodes[0])
+        total += cost(c, n)
+        stack.extend(n.srcs)
+    return total
+
+
+def _branch_and_bound(outputs: list[Class], choosable: list[Class], cost: CostFn,
+                      incumbent: dict[int, Node]) -> dict[int, Node]:
+    best, best_cost = dict(incumbent), total_cost(outputs, incumbent, cost)
+    open_ids = {id(c) for c in choosable}
+    budget = [SEARCH_BUDGET]
+    partial: dict[int, Node] = {}
+
+    def search(i: int) -> None:
+        nonlocal best, best_cost
+        if budget[0] <= 0:
+            return
+        budget[0] -= 1
+        if _lower_bound(outputs, partial, open_ids, cost) >= best_cost:
+            return
+        if i == len(choosable):
+            t = total_cost(outputs, partial, cost)
+            if t < best_cost:
+                best, best_cost = dict(partial), t
+            return
+        c = choosable[i]
+        for n in sorted(c.nodes, key=lambda n: cost(c, n)):
+            partial[id(c)] = n
+            search(i + 1)
+            del partial[id(c)]
+
+    search(0)
+    return best

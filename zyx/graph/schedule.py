@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from zyx.backends.base import Device, Pool
 from zyx.backends.registry import registry
-from zyx.graph.extract import choose
+from zyx.graph.extract import Graph, default_cost, extract, needed
 from zyx.graph.lower import KernelBuilder, recompute_factors
 from zyx.graph.node import ELEMENTWISE, Buffer, Class, LibraryKernel, Op
 from zyx.kernel.ir import Ops
@@ -52,7 +52,7 @@ class Plan:
     release_after: list[list[int]]
     outputs: list[int]
     n_slots: int
-    meta: dict = field(default_factory=dict)
+    aliases: list[tuple[int, int]] = field(default_factory=list)  # (slot, slot whose buffer it shares)
 
 
 _plans: OrderedDict = OrderedDict()
@@ -151,6 +151,19 @@ def _cone_cost(c: Class, materialized: set[Class], memo: dict[int, int]) -> int:
     return memo[id(c)]
 
 
+def _aliases(outputs: list[Class], materialized: set[Class]) -> dict[int, Class]:
+    """Outputs that are a reshape (or contiguous) of a stored class: they share its buffer, no copy."""
+    out: dict[int, Class] = {}
+    for c in outputs:
+        src = c
+        while not src.realized and src.op in (Op.RESHAPE, Op.CONTIGUOUS):
+            src = src.srcs[0]
+        if src is not c and (src.realized or (src in materialized and id(src) not in out)) and \
+                src.device == c.device:
+            out[id(c)] = src
+    return out
+
+
 def _kernel_name(c: Class, has_reduce: bool) -> str:
     shape = "_".join(str(s) for s in c.shape) or "s"
     return f"{'r' if has_reduce else 'e'}_{shape}_{c.dtype.name}"
@@ -158,7 +171,13 @@ def _kernel_name(c: Class, has_reduce: bool) -> str:
 
 def plan(order: list[Class], leaves: list[Class], outputs: list[Class]) -> Plan:
     reg = registry()
-    chosen = choose(order, outputs)
+    graph = Graph(order, outputs)
+    for name in sorted({c.device for c in order}):
+        for dev in reg.get(name).devices:
+            dev.match_graph(graph, outputs)
+    chosen = extract(outputs, default_cost(lambda name: reg.get(name).primary.info().compute_units))
+    if chosen:
+        order = needed(outputs, chosen)
     materialized: set[Class] = set(outputs)
     for c in order:
         op = c.op
@@ -180,14 +199,16 @@ def plan(order: list[Class], leaves: list[Class], outputs: list[Class]) -> Plan:
         for c in order:
             if c in materialized or len(users.get(id(c), ())) < 2:
                 continue
-            if c.op is Op.REDUCE or (c.op in ELEMENTWISE and _cone_cost(c, materialized, memo) >= SHARED_ELEMENTWISE_COST):
+            costly = c.op in ELEMENTWISE and _cone_cost(c, materialized, memo) >= SHARED_ELEMENTWISE_COST
+            if c.op is Op.REDUCE or costly:
                 materialized.add(c)
                 grew = True
         if grew:
             continue
         builders.clear()
+        aliases = _aliases(outputs, materialized)
         for c in order:
-            if c not in materialized or c.numel == 0 or c.op in (Op.COPY,) or \
+            if c not in materialized or c.numel == 0 or c.op in (Op.COPY,) or id(c) in aliases or \
                     (chosen.get(id(c)) is not None and chosen[id(c)].op is Op.KERNEL):
                 continue
             b = KernelBuilder("k", materialized)
@@ -209,10 +230,11 @@ def plan(order: list[Class], leaves: list[Class], outputs: list[Class]) -> Plan:
             continue
         s = len(slot)
         slot[id(c)] = s
-        pl = reg.get(c.device)
-        alloc.append((s, pl.pool, c.device, c.nbytes))
+        if id(c) not in aliases:
+            alloc.append((s, reg.get(c.device).pool, c.device, c.nbytes))
+    alias_slots = [(slot[i], slot[id(src)]) for i, src in aliases.items()]
     for c in order:
-        if c not in materialized or c.numel == 0:
+        if c not in materialized or c.numel == 0 or id(c) in aliases:
             continue
         node = chosen.get(id(c))
         if c.op is Op.COPY:
@@ -246,7 +268,7 @@ def plan(order: list[Class], leaves: list[Class], outputs: list[Class]) -> Plan:
     if debug_on("sched"):
         for st in steps:
             log("sched", f"{st.kind:9s} {st.device:7s} {st.name}")
-    return Plan(len(leaves), alloc, steps, release_after, out_slots, len(slot))
+    return Plan(len(leaves), alloc, steps, release_after, out_slots, len(slot), alias_slots)
 
 
 def get_plan(outputs: list[Class]) -> tuple[Plan | None, list[Class], list[Class]]:
@@ -283,6 +305,8 @@ def realize(outputs: list[Class]) -> None:
         table[i] = c.buffer if c.realized else c.var_value
     for s, pool, device, nbytes in p.alloc:
         table[s] = Buffer(pool, pool.allocate(nbytes), nbytes, device)
+    for s, src in p.aliases:
+        table[s] = table[src]
     STATS["realizes"] += 1
     for st, rel in zip(p.steps, p.release_after):
         if st.kind == "copy":

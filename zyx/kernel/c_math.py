@@ -119,23 +119,25 @@ _EXP2 = (
 ).split()
 # log(m) = 2 atanh(s) = s * (2 + z*(2/3 + z*(2/5 + ...))), s = (m-1)/(m+1), z = s*s <= 0.0295 (Taylor): 1.3e-12.
 _LOG = [float.hex(2.0 / (2 * j + 1)) for j in range(7)]
-# sin(r) = r * (1 + z*S(z)), z = r*r <= (pi/4)**2, degree 3: 1.9e-11.
-_SIN = "-0x1.555555545e0acp-3 0x1.11110def2e1c9p-7 -0x1.a013a793b98cep-13 0x1.6dbe0838a06e9p-19".split()
+# sin(r) = r * (1 + z*S(z)), z = r*r <= (pi/4)**2, degree 4: 1.9e-14.
+_SIN = (
+    "-0x1.555555555516bp-3 0x1.1111110fd3d43p-7 -0x1.a019fd9b35ee5p-13 0x1.71d9a9f41c5a9p-19 -0x1.aa285788aaa42p-26"
+).split()
 # cos(r) = 1 + z*C(z), degree 4: 3.1e-13.
 _COS = (
     "-0x1.fffffffffe697p-2 0x1.555555514f774p-5 -0x1.6c16bae5ef6d4p-10 0x1.a01298d866458p-16 -0x1.2474e1a97d143p-22"
 ).split()
 # tanh(x) = x * (1 + z*T(z)) for |x| < 1/16, degree 2: 1.6e-13.
 _TANH = "-0x1.55555554a29a7p-2 0x1.1110f7ee36effp-3 -0x1.b90f6097b8487p-5".split()
-# erf(x) = x * P(x*x) for |x| < 1, degree 7: 3.7e-11.
+# erf(x) = x * (2/sqrt(pi) + z*R(z)), z = x*x, for |x| < 1, R of degree 7: 3.8e-12.
 _ERF_SMALL = (
-    "0x1.20dd7504045d6p+0 -0x1.81274665754c3p-2 0x1.ce2f08fec14fdp-4 -0x1.b829c897922e5p-6 "
-    "0x1.562a60ddba6e6p-8 -0x1.bccf664d7f763p-11 0x1.d887505de3ba6p-14 -0x1.445f47d33d87bp-17"
+    "0x1.20dd750429b6dp+0 -0x1.812746b02839bp-2 0x1.ce2f2181773c0p-4 -0x1.b82cd8ee4fb48p-6 0x1.565a8630ca618p-8 "
+    "-0x1.c0051681c2df2p-11 0x1.f6e000d7a6e08p-14 -0x1.d9c522c83956fp-17 0x1.2acbb5e9f79e8p-20"
 ).split()
-# erfc(a) * exp(a*a) = G(u), u = 1/(1 + a/2) - 1/2, for 1 <= a <= 4, degree 8: 2.5e-10.
+# erfc(a) * exp(a*a) = G(u), u = 1/(1 + a/2) - 1/2, for 1 <= a <= 4, degree 9: 3.3e-12.
 _ERFCX = (
-    "0x1.058671b52c776p-2 0x1.b57034ff400e1p-1 0x1.eeea7dc4337cfp-1 0x1.437eee7413278p-1 0x1.e9479bcafa427p-5 "
-    "-0x1.ca5b13ceb5e5ap-3 -0x1.bc6a67e8c91b7p-5 0x1.ec952a8c770c0p-4 0x1.a2657cdb0f518p-7"
+    "0x1.058671b52feeep-2 0x1.b57034efd7e9cp-1 0x1.eeea7dbc73a8ap-1 0x1.437f0b4cfdf26p-1 0x1.e947f2a1a448ep-5 "
+    "-0x1.ca95704f47c12p-3 -0x1.bc7de4beb4d06p-5 0x1.013a0f41438a4p-3 0x1.a7ddfaab054e5p-7 -0x1.5dc271b0644a7p-4"
 ).split()
 
 _PRELUDE_TEMPLATE = r"""

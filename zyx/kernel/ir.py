@@ -167,7 +167,8 @@ def _dtype_bounds(d: DType) -> tuple:
 
 
 def _make(op: Ops, dtype: DType, srcs: tuple[Expr, ...] = (), arg=None, bounds: tuple | None = None) -> Expr:
-    key = (op, dtype.name, tuple(id(s) for s in srcs), arg if op is not Ops.REDUCE else (arg[0], tuple(map(id, arg[1]))))
+    karg = arg if op is not Ops.REDUCE else (arg[0], tuple(map(id, arg[1])))
+    key = (op, dtype.name, tuple(id(s) for s in srcs), karg)
     e = _interned.get(key)
     if e is not None:
         return e

@@ -1,0 +1,11 @@
+"""Host BLAS library device: float32/float64 matmul nodes on host-pool buffers, no copies.
+
+GEMMs run through the CBLAS that NumPy ships (OpenBLAS, found next to NumPy and called with ctypes); where
+that library cannot be found, through ``numpy.matmul`` on zero-copy strided views of the same buffers.
+Operands are read in place through their strides: a transposed operand is a transposed GEMM, a broadcast
+batch operand has batch stride 0.
+"""
+
+from zyx.backends.blas.device import BlasDevice
+
+__all__ = ["BlasDevice"]

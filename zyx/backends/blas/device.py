@@ -1,0 +1,219 @@
+"""BlasDevice: mints GEMM programs for matmul matches on the host pool (see the package docstring)."""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import itertools
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from zyx import dtypes
+from zyx.backends.base import BackendError, Device, DeviceInfo, ErrorStatus, ProgramId
+from zyx.backends.host.device import cpu_count
+from zyx.backends.host.pool import HostPool
+from zyx.graph import ops as g
+from zyx.graph.node import LibraryKernel
+from zyx.utils import STATS
+
+ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
+LAUNCH_OVERHEAD_NS = 4_000
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """C[b] = op(A[b]) @ op(B[b]) for every batch index b, all in elements of the operand dtype."""
+
+    dtype: dtypes.DType
+    batch: tuple[int, ...]
+    m: int
+    n: int
+    k: int
+    trans_a: bool
+    trans_b: bool
+    lda: int
+    ldb: int
+    ldc: int
+    a_offset: int
+    b_offset: int
+    a_batch: tuple[int, ...]
+    b_batch: tuple[int, ...]
+    c_batch: tuple[int, ...]
+
+    @property
+    def name(self) -> str:
+        t = "".join("T" if f else "N" for f in (self.trans_a, self.trans_b))
+        b = "x".join(map(str, self.batch)) + "x" if self.batch else ""
+        return f"{'s' if self.dtype is dtypes.float32 else 'd'}gemm_{t}_{b}{self.m}x{self.n}x{self.k}"
+
+
+def _find_cblas():
+    """(sgemm, dgemm, int type) from the BLAS NumPy ships, or None."""
+    import numpy
+
+    roots = [os.path.join(os.path.dirname(os.path.dirname(numpy.__file__)), "numpy.libs"),
+             os.path.join(os.path.dirname(numpy.__file__), ".dylibs")]
+    names = [("scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_", ctypes.c_int64),
+             ("cblas_sgemm64_", "cblas_dgemm64_", ctypes.c_int64),
+             ("scipy_cblas_sgemm", "scipy_cblas_dgemm", ctypes.c_int),
+             ("cblas_sgemm", "cblas_dgemm", ctypes.c_int)]
+    for root in roots:
+        for path in sorted(glob.glob(os.path.join(root, "*openblas*"))):
+            try:
+                lib = ctypes.CDLL(path)
+            except OSError:
+                continue
+            for s, d, it in names:
+                if hasattr(lib, s) and hasattr(lib, d):
+                    return getattr(lib, s), getattr(lib, d), it
+    return None
+
+
+class BlasDevice(Device):
+    def __init__(self, pool: HostPool) -> None:
+        self._pool = pool
+        self._programs: dict[int, Gemm] = {}
+        self._ids: dict[Gemm, int] = {}
+        found = _find_cblas()
+        self.backend = "cblas" if found else "numpy.matmul"
+        if found:
+            self._sgemm, self._dgemm, it = found
+            f, d, p = ctypes.c_float, ctypes.c_double, ctypes.c_void_p
+            self._sgemm.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, it, it, it, f, p, it, p, it, f, p, it]
+            self._dgemm.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, it, it, it, d, p, it, p, it, d, p, it]
+            self._sgemm.restype = self._dgemm.restype = None
+        n = cpu_count()
+        self._info = DeviceInfo(name="host", kind="blas", compute_units=n,
+                                dtypes=frozenset({"float32", "float64"}), peak_gflops=40.0 * n,
+                                launch_overhead_ns=LAUNCH_OVERHEAD_NS, extra={"backend": self.backend})
+
+    def info(self) -> DeviceInfo:
+        return self._info
+
+    def pool(self) -> HostPool:
+        return self._pool
+
+    def compile(self, kernel) -> ProgramId:
+        raise BackendError(ErrorStatus.UNSUPPORTED, "the BLAS device runs library matmuls only; generated "
+                           "kernels go to the host device")
+
+    def release(self, program: ProgramId) -> None:
+        gemm = self._programs.pop(program, None)
+        if gemm is not None:
+            self._ids.pop(gemm, None)
+
+    # ---- matching ---------------------------------------------------------------------------------------------
+    def match_graph(self, graph, outputs) -> None:
+        for mm in graph.matmuls():
+            if mm.cls.device != "host":
+                continue
+            planned = plan_gemm(mm)
+            if planned is None:
+                continue
+            gemm, inputs = planned
+            pid = self._ids.get(gemm)
+            if pid is None:
+                pid = len(self._programs) + 1
+                while pid in self._programs:
+                    pid += 1
+                self._programs[pid] = gemm
+                self._ids[gemm] = pid
+            gflops = self._info.peak_gflops / (2 if gemm.dtype is dtypes.float64 else 1)
+            est = mm.flops / gflops + LAUNCH_OVERHEAD_NS * max(1, math.prod(gemm.batch) // 8)
+            graph.add_alternative(mm.cls, LibraryKernel(self, pid, inputs, est, gemm.name, gemm))
+
+    # ---- running ----------------------------------------------------------------------------------------------
+    def launch(self, program: ProgramId, args: Sequence[int]) -> None:
+        g = self._programs[program]
+        a, b, c = (self._pool.address(x) for x in args)
+        size = g.dtype.itemsize
+        STATS["launches"] += 1
+        STATS["library_launches"] += 1
+        if self.backend == "cblas":
+            fn = self._sgemm if g.dtype is dtypes.float32 else self._dgemm
+            ta, tb = (TRANS if g.trans_a else NO_TRANS), (TRANS if g.trans_b else NO_TRANS)
+            for idx in itertools.product(*(range(s) for s in g.batch)):
+                oa = g.a_offset + sum(i * s for i, s in zip(idx, g.a_batch))
+                ob = g.b_offset + sum(i * s for i, s in zip(idx, g.b_batch))
+                oc = sum(i * s for i, s in zip(idx, g.c_batch))
+                fn(ROW_MAJOR, ta, tb, g.m, g.n, g.k, 1.0, a + oa * size, g.lda, b + ob * size, g.ldb, 0.0,
+                   c + oc * size, g.ldc)
+        else:
+            self._numpy_gemm(g, args)
+
+    def _numpy_gemm(self, g: Gemm, args: Sequence[int]) -> None:
+        views = [self._pool.view(x).view(g.dtype.np_dtype) for x in args]
+
+        def mat(buf, off, batch, rows, cols, ld, trans):
+            shape = tuple(g.batch) + ((cols, rows) if trans else (rows, cols))
+            st = tuple(s * g.dtype.itemsize for s in batch) + (ld * g.dtype.itemsize, g.dtype.itemsize)
+            v = np.lib.stride_tricks.as_strided(buf[off:], shape, st)
+            return np.swapaxes(v, -1, -2) if trans else v
+
+        a = mat(views[0], g.a_offset, g.a_batch, g.m, g.k, g.lda, g.trans_a)
+        b = mat(views[1], g.b_offset, g.b_batch, g.k, g.n, g.ldb, g.trans_b)
+        c = mat(views[2], 0, g.c_batch, g.m, g.n, g.ldc, False)
+        np.matmul(a, b, out=c)
+
+    def launch_timed(self, program: ProgramId, args: Sequence[int]) -> int:
+        t0 = time.perf_counter_ns()
+        self.launch(program, args)
+        return time.perf_counter_ns() - t0
+
+
+def _layout(rows: int, cols: int, row_stride: int, col_stride: int) -> tuple[bool, int] | None:
+    """(transposed, leading dimension) of a rows x cols matrix for row-major BLAS, or None if not expressible."""
+    if cols == 1 or col_stride == 1:
+        ld = row_stride if rows > 1 else max(cols, 1)
+        if ld >= max(cols, 1):
+            return False, ld
+    if rows == 1 or row_stride == 1:
+        ld = col_stride if cols > 1 else max(rows, 1)
+        if ld >= max(rows, 1):
+            return True, ld
+    return None
+
+
+def plan_gemm(mm) -> tuple[Gemm, tuple] | None:
+    """A row-major GEMM for a matmul match, with its input classes, or None when BLAS cannot run it."""
+    d = mm.acc_dtype
+    if d not in (dtypes.float32, dtypes.float64):
+        return None
+    inputs = []
+    for op in (mm.a, mm.b):
+        src = op.view.base
+        if src.dtype is not d:
+            if not src.dtype.is_float:
+                return None
+            src = g.cast(src, d)  # half inputs: widened by a generated kernel, then BLAS in float32
+        if op.view.offset < 0:
+            return None
+        if any(s < 0 for s in op.batch_strides + (op.row_stride, op.col_stride)):
+            return None
+        inputs.append(src)
+    m, n, k = mm.m, mm.n, mm.k
+    a, b = mm.a, mm.b
+    a_rows, a_cols, a_rs, a_cs = m, k, a.row_stride, a.col_stride
+    b_rows, b_cols, b_rs, b_cs = k, n, b.row_stride, b.col_stride
+    c_rs, c_cs = mm.out_row_stride, mm.out_col_stride
+    swap = not (n == 1 or c_cs == 1)
+    if swap:  # column-major output: compute C^T = B^T A^T
+        if not (m == 1 or c_rs == 1):
+            return None
+        a_rows, a_cols, a_rs, a_cs, b_rows, b_cols, b_rs, b_cs = n, k, b_cs, b_rs, k, m, a_cs, a_rs
+        m, n = n, m
+        c_rs, c_cs = c_cs, c_rs
+    la, lb = _layout(a_rows, a_cols, a_rs, a_cs), _layout(b_rows, b_cols, b_rs, b_cs)
+    ldc = c_rs if m > 1 else max(n, 1)
+    if la is None or lb is None or ldc < max(n, 1):
+        return None
+    first, second = (mm.b, mm.a) if swap else (mm.a, mm.b)
+    gemm = Gemm(d, mm.batch, m, n, mm.k, la[0], lb[0], la[1], lb[1], ldc, first.view.offset, second.view.offset,
+                first.batch_strides, second.batch_strides, mm.out_batch_strides)
+    ins = (inputs[1], inputs[0]) if swap else (inputs[0], inputs[1])
+    return gemm, ins
