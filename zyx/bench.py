@@ -113,20 +113,107 @@ def softmax(args) -> Row:
     return row
 
 
-@case
-def matmul(args) -> Row:
-    n = 1 << (args.scale // 2 - 2)
+class _GeneratedOnly:
+    """Within the block, the host has no BLAS device: matmuls take the generated path."""
+
+    def __enter__(self):
+        from zyx.backends.registry import registry
+        from zyx.graph import schedule
+
+        self.pl = registry().get("host")
+        self.saved = list(self.pl.devices)
+        self.pl.devices[:] = [d for d in self.saved if d.info().kind != "blas"]
+        schedule.clear_cache()
+
+    def __exit__(self, *exc):
+        from zyx.graph import schedule
+
+        self.pl.devices[:] = self.saved
+        schedule.clear_cache()
+
+
+def _matmul_row(args, n: int, generated: bool) -> Row:
     rng = np.random.default_rng(2)
     a, b = rng.standard_normal((n, n)).astype(np.float32), rng.standard_normal((n, n)).astype(np.float32)
     A, B = zyx.Tensor(a).realize(), zyx.Tensor(b).realize()
-    kinds = {s.kind for s in zyx.debug.schedule(A @ B)}
-    row = Row(f"matmul {n}^3 f32", median_ms(lambda: (A @ B).realize(), max(3, args.repeats // 2)),
-              note="library" if "library" in kinds else "generated")
-    row.refs["numpy"] = median_ms(lambda: a @ b, args.repeats)
+    repeats = max(3, args.repeats // 2) if not generated else 3
+    if generated:
+        with _GeneratedOnly():
+            kinds = {s.kind for s in zyx.debug.schedule(A @ B)}
+            ms = median_ms(lambda: (A @ B).realize(), repeats, warmup=1)
+    else:
+        kinds = {s.kind for s in zyx.debug.schedule(A @ B)}
+        ms = median_ms(lambda: (A @ B).realize(), repeats)
+    path = "library" if "library" in kinds else "generated"
+    row = Row(f"matmul {n}^3 f32 [{path}]", ms, note=f"{2 * n**3 / ms / 1e6:.1f} GFLOP/s")
+    row.refs["numpy"] = median_ms(lambda: a @ b, repeats)
     torch = _torch()
     if torch is not None:
         ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-        row.refs["torch"] = median_ms(lambda: ta @ tb, args.repeats)
+        row.refs["torch"] = median_ms(lambda: ta @ tb, repeats)
+    return row
+
+
+@case
+def matmul(args) -> Row:
+    return _matmul_row(args, 1 << (args.scale // 2), generated=False)
+
+
+@case
+def matmul_large(args) -> Row:
+    return _matmul_row(args, 1 << (args.scale // 2 + 1), generated=False)
+
+
+@case
+def matmul_generated(args) -> Row:
+    return _matmul_row(args, 1 << (args.scale // 2 - (0 if args.full else 1)), generated=True)
+
+
+@case
+def mlp_forward(args) -> Row:
+    rng = np.random.default_rng(4)
+    sizes = [784, 1024, 1024, 10]
+    x = rng.standard_normal((256, 784)).astype(np.float32)
+    ws = [(rng.standard_normal((i, o)) / np.sqrt(i)).astype(np.float32) for i, o in zip(sizes, sizes[1:])]
+    bs = [np.zeros(o, np.float32) for o in sizes[1:]]
+    X = zyx.Tensor(x).realize()
+    W = [zyx.Tensor(w).realize() for w in ws]
+    Bz = [zyx.Tensor(b).realize() for b in bs]
+
+    def fwd_zyx():
+        h = X
+        for i, (w, b) in enumerate(zip(W, Bz)):
+            h = h @ w + b
+            if i < len(W) - 1:
+                h = h.relu()
+        return h.realize()
+
+    row = Row("MLP forward 256x784-1024-1024-10 f32", median_ms(fwd_zyx, args.repeats))
+
+    def fwd_np():
+        h = x
+        for i, (w, b) in enumerate(zip(ws, bs)):
+            h = h @ w + b
+            if i < len(ws) - 1:
+                h = np.maximum(h, 0)
+        return h
+
+    row.refs["numpy"] = median_ms(fwd_np, args.repeats)
+    torch = _torch()
+    if torch is not None:
+        tx = torch.from_numpy(x)
+        tw = [torch.from_numpy(w) for w in ws]
+        tb = [torch.from_numpy(b) for b in bs]
+
+        def fwd_torch():
+            h = tx
+            for i, (w, b) in enumerate(zip(tw, tb)):
+                h = h @ w + b
+                if i < len(tw) - 1:
+                    h = torch.relu(h)
+            return h
+
+        row.refs["torch"] = median_ms(fwd_torch, args.repeats)
     return row
 
 
@@ -186,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scale", type=int, default=20, help="log2 size: 20 gives 2^24 elements, 4096^2, 1024^3")
     ap.add_argument("--only", default="", help="comma list of case names to run")
     ap.add_argument("--out", default="bench_results.json", help="JSON output path")
+    ap.add_argument("--full", action="store_true", help="also run the slow generated-path matmul at full size")
     args = ap.parse_args(argv)
     rows = []
     only = {s.strip() for s in args.only.split(",") if s.strip()}

@@ -283,6 +283,13 @@ class Tensor:
         c = Tensor._from_class(g.iota(m, dtypes.int64, dev)).reshape(1, m)
         return (r == c).cast(dtypes.to_dtype(dtype) if dtype is not None else dtypes.default_float)
 
+    @staticmethod
+    def variable(value: Scalar, dtype=None, device: str | None = None) -> Tensor:
+        """A 0-d tensor whose value is a launch argument: a new value reuses the compiled kernels (learning
+        rates, step counts, random seeds)."""
+        d = dtypes.to_dtype(dtype) if dtype is not None else _scalar_default(value)
+        return Tensor._from_class(var_class(value, d, _device(device)))
+
     def full_like(self, value: Scalar, dtype=None) -> Tensor:
         return Tensor.full(self.shape, value, dtype or self.dtype, self.device)
 

@@ -4,10 +4,8 @@ Invariants:
 - A plan depends only on the graph's structure (ops, args, shapes, dtypes, devices, sharing), never on
   buffer contents or scalar-variable values, so it is cached under that structure: a training loop plans and
   compiles once, then replays.
-- A class is stored to memory (a kernel boundary) when it is an output, the input or output of a copy or
-  library node, a reduce needed by more than one kernel, a reduce whose placement would recompute it
-  (``recompute_factors``), or a costly elementwise value needed by several kernels. Everything else is
-  inlined into the kernel that needs it; movement ops are index arithmetic.
+- Which classes are stored and which kernels compute them is ``zyx.graph.fuse``'s decision; steps run in
+  dependency-depth order.
 - Outputs receive their buffers only after every launch of the plan was issued without error.
 """
 
@@ -19,13 +17,11 @@ from dataclasses import dataclass, field
 from zyx.backends.base import Device, Pool
 from zyx.backends.registry import registry
 from zyx.graph.extract import Graph, default_cost, extract, needed
-from zyx.graph.lower import KernelBuilder, recompute_factors
-from zyx.graph.node import ELEMENTWISE, Buffer, Class, LibraryKernel, Op
-from zyx.kernel.ir import Ops
+from zyx.graph.fuse import fuse
+from zyx.graph.node import Buffer, Class, LibraryKernel, Op
 from zyx.utils import STATS, debug_on, deep_call, log
 
 SCHEDULE_CACHE_SIZE = 2048
-SHARED_ELEMENTWISE_COST = 12
 
 
 @dataclass
@@ -112,63 +108,6 @@ def structure_key(order: list[Class], leaves: list[Class], outputs: list[Class])
     return tuple(parts)
 
 
-def _consumers(order: list[Class]) -> dict[int, list[Class]]:
-    users: dict[int, list[Class]] = {}
-    for c in order:
-        for s in c.srcs:
-            users.setdefault(id(s), []).append(c)
-    return users
-
-
-def _kernel_users(order: list[Class], materialized: set[Class]) -> dict[int, set[int]]:
-    """For each inlined class: the set of kernel roots (by id) that inline it."""
-    out: dict[int, set[int]] = {}
-    for root in order:
-        if root not in materialized:
-            continue
-        stack = list(root.srcs)
-        seen: set[int] = set()
-        while stack:
-            c = stack.pop()
-            if id(c) in seen or c.realized or c in materialized or c.op is Op.VAR:
-                continue
-            seen.add(id(c))
-            out.setdefault(id(c), set()).add(id(root))
-            stack.extend(c.srcs)
-    return out
-
-
-def _cone_cost(c: Class, materialized: set[Class], memo: dict[int, int]) -> int:
-    if id(c) in memo:
-        return memo[id(c)]
-    if c.realized or c in materialized or c.op is Op.VAR:
-        return 0
-    n = c.node
-    own = 1 if n.op in ELEMENTWISE else (1 << 20 if n.op is Op.REDUCE else 0)
-    if n.op in (Op.EXP, Op.LOG, Op.SIN, Op.COS, Op.TAN, Op.TANH, Op.ERF, Op.POW, Op.EXP2, Op.LOG2):
-        own = 4
-    memo[id(c)] = own + sum(_cone_cost(s, materialized, memo) for s in n.srcs)
-    return memo[id(c)]
-
-
-def _aliases(outputs: list[Class], materialized: set[Class]) -> dict[int, Class]:
-    """Outputs that are a reshape (or contiguous) of a stored class: they share its buffer, no copy."""
-    out: dict[int, Class] = {}
-    for c in outputs:
-        src = c
-        while not src.realized and src.op in (Op.RESHAPE, Op.CONTIGUOUS):
-            src = src.srcs[0]
-        if src is not c and (src.realized or (src in materialized and id(src) not in out)) and \
-                src.device == c.device:
-            out[id(c)] = src
-    return out
-
-
-def _kernel_name(c: Class, has_reduce: bool) -> str:
-    shape = "_".join(str(s) for s in c.shape) or "s"
-    return f"{'r' if has_reduce else 'e'}_{shape}_{c.dtype.name}"
-
-
 def plan(order: list[Class], leaves: list[Class], outputs: list[Class]) -> Plan:
     reg = registry()
     graph = Graph(order, outputs)
@@ -178,83 +117,44 @@ def plan(order: list[Class], leaves: list[Class], outputs: list[Class]) -> Plan:
     chosen = extract(outputs, default_cost(lambda name: reg.get(name).primary.info().compute_units))
     if chosen:
         order = needed(outputs, chosen)
-    materialized: set[Class] = set(outputs)
-    for c in order:
-        op = c.op
-        if op in (Op.COPY, Op.CONTIGUOUS):
-            materialized.add(c)
-            if op is Op.COPY:
-                materialized.add(c.srcs[0])
-        node = chosen.get(id(c))
-        if node is not None and node.op is Op.KERNEL:
-            materialized.add(c)
-            materialized.update(node.arg.inputs)
-
-    # grow the materialized set until no kernel recomputes a reduce or shares a costly value
-    builders: dict[int, KernelBuilder] = {}
-    while True:
-        grew = False
-        users = _kernel_users(order, materialized)
-        memo: dict[int, int] = {}
-        for c in order:
-            if c in materialized or len(users.get(id(c), ())) < 2:
-                continue
-            costly = c.op in ELEMENTWISE and _cone_cost(c, materialized, memo) >= SHARED_ELEMENTWISE_COST
-            if c.op is Op.REDUCE or costly:
-                materialized.add(c)
-                grew = True
-        if grew:
-            continue
-        builders.clear()
-        aliases = _aliases(outputs, materialized)
-        for c in order:
-            if c not in materialized or c.numel == 0 or c.op in (Op.COPY,) or id(c) in aliases or \
-                    (chosen.get(id(c)) is not None and chosen[id(c)].op is Op.KERNEL):
-                continue
-            b = KernelBuilder("k", materialized)
-            b.add_output(c)
-            k = b.kernel()
-            for e, factor in recompute_factors(k).items():
-                if factor > 1:
-                    materialized.add(b.reduce_class[e])
-                    grew = True
-            builders[id(c)] = b
-        if not grew:
-            break
+    fusion = fuse(order, outputs, chosen)
+    stored, aliases = fusion.materialized, fusion.aliases
 
     slot: dict[int, int] = {id(c): i for i, c in enumerate(leaves)}
     alloc: list[tuple[int, Pool, str, int]] = []
-    steps: list[Step] = []
     for c in order:
-        if c not in materialized:
-            continue
-        s = len(slot)
-        slot[id(c)] = s
-        if id(c) not in aliases:
-            alloc.append((s, reg.get(c.device).pool, c.device, c.nbytes))
+        if c in stored:
+            slot[id(c)] = len(slot)
+            if id(c) not in aliases:
+                alloc.append((slot[id(c)], reg.get(c.device).pool, c.device, c.nbytes))
     alias_slots = [(slot[i], slot[id(src)]) for i, src in aliases.items()]
-    for c in order:
-        if c not in materialized or c.numel == 0 or id(c) in aliases:
+
+    ordered: list[tuple[int, int, Step]] = []  # (depth, position, step): dependencies always at lower depth
+    for pos, c in enumerate(order):
+        if c not in stored or c.numel == 0 or id(c) in aliases:
             continue
         node = chosen.get(id(c))
         if c.op is Op.COPY:
             src = c.srcs[0]
-            steps.append(Step("copy", c.device, f"copy {src.device}->{c.device} {c.nbytes}B",
-                              (slot[id(src)], slot[id(c)]), src_pool=reg.get(src.device).pool,
-                              dst_pool=reg.get(c.device).pool))
+            step = Step("copy", c.device, f"copy {src.device}->{c.device} {c.nbytes}B", (slot[id(src)], slot[id(c)]),
+                        src_pool=reg.get(src.device).pool, dst_pool=reg.get(c.device).pool)
         elif node is not None and node.op is Op.KERNEL:
             lib: LibraryKernel = node.arg
             args = tuple(slot[id(i)] for i in lib.inputs) + (slot[id(c)],)
-            steps.append(Step("library", c.device, lib.name, args, dev=lib.device, program=lib.program, source=lib))
+            step = Step("library", c.device, lib.name, args, dev=lib.device, program=lib.program, source=lib)
         else:
-            b = builders[id(c)]
-            k = b.kernel()
-            has_reduce = any(e.op is Ops.REDUCE for e in b.reduce_class)
-            k = type(k)(_kernel_name(c, has_reduce), k.params, k.loops, k.stores)
-            dev = reg.get(c.device).primary
-            program = dev.compile(k)
-            steps.append(Step("generated", c.device, k.name, tuple(slot[id(p)] for p in b.param_classes), dev=dev,
-                              program=program, source=k))
+            continue
+        ordered.append((fusion.depth[id(c)], pos, step))
+    for n, group in enumerate(fusion.groups):
+        b = group.builder
+        k = b.kernel()
+        k = type(k)(group.name, k.params, k.loops, k.stores)
+        dev = reg.get(group.roots[0].device).primary
+        step = Step("generated", group.roots[0].device, k.name, tuple(slot[id(p)] for p in b.param_classes),
+                    dev=dev, program=dev.compile(k), source=k)
+        ordered.append((group.depth, n - len(fusion.groups), step))
+    steps = [st for _, _, st in sorted(ordered, key=lambda t: (t[0], t[1]))]
+
     out_slots = [slot[id(o)] for o in outputs]
     last_use: dict[int, int] = {}
     for i, st in enumerate(steps):
@@ -262,9 +162,9 @@ def plan(order: list[Class], leaves: list[Class], outputs: list[Class]) -> Plan:
             last_use[a] = i
     keep = set(out_slots) | set(range(len(leaves)))
     release_after: list[list[int]] = [[] for _ in steps]
-    for s, i in last_use.items():
-        if s not in keep:
-            release_after[i].append(s)
+    for s_, i in last_use.items():
+        if s_ not in keep:
+            release_after[i].append(s_)
     if debug_on("sched"):
         for st in steps:
             log("sched", f"{st.kind:9s} {st.device:7s} {st.name}")

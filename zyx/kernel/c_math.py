@@ -18,15 +18,21 @@ all ``float f(float)``):
   with ``-fmath-errno`` (the default) GCC keeps a call to ``sqrtf`` for the errno path and the loop does
   not vectorize, not even under ``optimize("no-math-errno")``; it is therefore a Newton iteration.
   ``tests/kernel/test_c_math.py`` checks with ``-fopt-info-vec-optimized`` that every float32 loop
-  vectorizes.
+  vectorizes.  Verified with GCC 12 for ``-march=native`` (AVX-512 here), ``x86-64-v2``, ``x86-64-v3``,
+  ``haswell``, ``znver2``, ``znver3``, at ``-O2`` and ``-O3``, ``-std=c99/c11/gnu11`` (no warnings under
+  ``-Wall -Wextra -pedantic``); the table index is 64-bit so that GCC emulates the gather where its
+  tuning forbids a gather instruction.  Baseline ``-march=x86-64`` (SSE2) leaves exp/exp2/tanh/erf scalar.
+  The double-precision arithmetic inside runs at half the float32 vector width.
 
-* Accuracy.  Each function works in double precision internally (range reduction exact or with errors
-  far below 2**-40 relative, polynomial approximations with relative error below about 6e-11) and
-  rounds once to float at the end, so the float32 results are within 1 ulp of the exact value (in
-  practice 0.5 ulp: correctly rounded except for a few inputs in ~1e5) over the whole float32 range,
-  denormal inputs and outputs included.  ``zyx_sinf``/``zyx_cosf``/``zyx_tanf`` reduce the argument
-  with a Payne-Hanek style reduction (x times 2/pi mod 4 from a per-exponent table of 2/pi, exact in
-  double) and are accurate for every finite float, up to 3.4e38.
+* Accuracy.  Each function works in double precision internally (range reductions exact or with errors
+  far below 2**-40 relative, polynomial approximations with relative error below 5e-12, constant term
+  exact) and rounds once to float at the end.  Checked exhaustively over all 2**32 float32 inputs
+  against NumPy's float64 result (scipy's erf) rounded to float32: every function is within 1 ulp
+  (max error 0.5000x ulp against the float64 value) and differs from the rounded reference on at most
+  ~2000 of the 4.3e9 inputs (sqrt: none), denormal inputs and outputs included.
+  ``zyx_sinf``/``zyx_cosf``/``zyx_tanf`` reduce the argument Payne-Hanek style (x*2/pi mod 4 from a
+  per-exponent table of 2/pi, exact in double), so the bound holds for every finite float up to 3.4e38,
+  not only for |x| <= 1e5.
 
 * Special values follow NumPy's float32 functions: exp(-inf)=0, exp(inf)=inf, overflow -> inf,
   underflow -> the correctly rounded denormal or 0 (no flush to zero); log(0)=-inf, log(x<0)=nan,

@@ -1,0 +1,237 @@
+"""Fusion: which classes are stored, and which generated kernels compute them.
+
+Invariants:
+- A class is stored (a kernel boundary) when it is an output, the input or output of a copy or library
+  node, a reduce needed by more than one kernel, a reduce whose placement would recompute it
+  (``recompute_factors``), or a costly elementwise value needed by several kernels. Everything else is
+  inlined into each kernel that needs it; movement ops are index arithmetic.
+- A stored class whose own computation is cheap elementwise work ("inlinable") is still stored, but other
+  kernels recompute it instead of loading it, so they do not have to wait for it.
+- Kernels are grouped: stored classes of the same shape and device at the same dependency depth become one
+  kernel with several stores (the optimizer's parameter and state updates, the gradients of one shape).
+  Depth strictly increases along every load, so groups never depend on each other in a cycle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zyx.graph.lower import KernelBuilder, recompute_factors
+from zyx.graph.node import ELEMENTWISE, Class, Node, Op
+from zyx.kernel.ir import Ops
+from zyx.utils import log
+
+SHARED_ELEMENTWISE_COST = 12
+INLINE_STORED_COST = 16
+_TRANSCENDENTAL = frozenset({Op.EXP, Op.LOG, Op.SIN, Op.COS, Op.TAN, Op.TANH, Op.ERF, Op.POW, Op.EXP2, Op.LOG2})
+
+
+@dataclass
+class KernelGroup:
+    roots: list[Class]
+    builder: KernelBuilder
+    depth: int
+
+    @property
+    def name(self) -> str:
+        c = self.roots[0]
+        kind = "r" if any(e.op is Ops.REDUCE for e in self.builder.reduce_class) else "e"
+        shape = "_".join(str(s) for s in c.shape) or "s"
+        extra = f"_x{len(self.roots)}" if len(self.roots) > 1 else ""
+        return f"{kind}_{shape}_{c.dtype.name}{extra}"
+
+
+@dataclass
+class Fusion:
+    materialized: set[Class]
+    aliases: dict[int, Class]  # id(output) -> stored class whose buffer it shares
+    groups: list[KernelGroup]
+    depth: dict[int, int]  # id(stored class) -> dependency depth (leaves 0)
+
+
+def _cone_cost(c: Class, stop: set[Class], memo: dict[int, int]) -> int:
+    """Cost of inlining ``c``: element ops (transcendentals 4), a reduce counts as unbounded."""
+    if id(c) in memo:
+        return memo[id(c)]
+    if c.realized or c in stop or c.op is Op.VAR:
+        return 0
+    n = c.node
+    own = 4 if n.op in _TRANSCENDENTAL else (1 if n.op in ELEMENTWISE else (1 << 20 if n.op is Op.REDUCE else 0))
+    memo[id(c)] = own + sum(_cone_cost(s, stop, memo) for s in n.srcs)
+    return memo[id(c)]
+
+
+def _kernel_users(order: list[Class], stored: set[Class]) -> dict[int, set[int]]:
+    """For each inlined class: the kernel roots (by id) that inline it."""
+    out: dict[int, set[int]] = {}
+    for root in order:
+        if root not in stored:
+            continue
+        stack, seen = list(root.srcs), set()
+        while stack:
+            c = stack.pop()
+            if id(c) in seen or c.realized or c in stored or c.op is Op.VAR:
+                continue
+            seen.add(id(c))
+            out.setdefault(id(c), set()).add(id(root))
+            stack.extend(c.srcs)
+    return out
+
+
+def _aliases(outputs: list[Class], stored: set[Class]) -> dict[int, Class]:
+    """Outputs that are a reshape (or contiguous) of a stored class share its buffer: no copy."""
+    out: dict[int, Class] = {}
+    for c in outputs:
+        src = c
+        while not src.realized and src.op in (Op.RESHAPE, Op.CONTIGUOUS):
+            src = src.srcs[0]
+        if src is not c and (src.realized or (src in stored and id(src) not in out)) and src.device == c.device:
+            out[id(c)] = src
+    return out
+
+
+def _loads(c: Class, node: Node, loaded: set[Class], inline: set[Class]) -> list[Class]:
+    """Stored classes a kernel computing ``node`` reads (looking through inlinable stored classes)."""
+    out, seen, stack = [], set(), list(node.srcs)
+    while stack:
+        s = stack.pop()
+        if id(s) in seen:
+            continue
+        seen.add(id(s))
+        if s.realized or s.op is Op.VAR:
+            continue
+        if s in loaded and s not in inline:
+            out.append(s)
+            continue
+        stack.extend(s.srcs)
+    return out
+
+
+def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> Fusion:
+    def computed_by(c: Class) -> Node:
+        return chosen.get(id(c), c.nodes[0])
+
+    stored: set[Class] = set(outputs)
+    for c in order:
+        if c.op in (Op.COPY, Op.CONTIGUOUS):
+            stored.add(c)
+            if c.op is Op.COPY:
+                stored.add(c.srcs[0])
+        n = chosen.get(id(c))
+        if n is not None and n.op is Op.KERNEL:
+            stored.add(c)
+            stored.update(n.arg.inputs)
+
+    position = {id(c): i for i, c in enumerate(order)}
+    by_id = {id(c): c for c in order}
+    while True:
+        # a value inlined by roots of different shapes (which cannot share a kernel) is stored once; the
+        # latest such value first, since storing it hides everything upstream of it from those roots
+        users = _kernel_users(order, stored)
+        memo: dict[int, int] = {}
+        shared = [c for c in order if c not in stored and
+                  len({(by_id[r].device, by_id[r].shape) for r in users.get(id(c), ())}) > 1 and
+                  (c.op is Op.REDUCE or
+                   (c.op in ELEMENTWISE and _cone_cost(c, stored, memo) >= SHARED_ELEMENTWISE_COST))]
+        if shared:
+            c = max(shared, key=lambda x: position[id(x)])
+            log("sched", f"store {c!r}: needed by kernels of {len(users[id(c)])} roots")
+            stored.add(c)
+            continue
+        aliases = _aliases(outputs, stored)
+        roots = [c for c in order if c in stored and c.numel and id(c) not in aliases and c.op is not Op.COPY and
+                 computed_by(c).op is not Op.KERNEL]
+        # stored, but cheap enough that other kernels recompute them rather than wait for them
+        inline = {c for c in roots if c.op in ELEMENTWISE and
+                  _cone_cost(c, stored - {c}, {}) < INLINE_STORED_COST}
+        units = [c for c in order if c in stored and id(c) not in aliases]
+        deps: dict[int, list[Class]] = {}
+        for c in units:
+            n = computed_by(c)
+            if c.op is Op.COPY:
+                ds = [c.srcs[0]]
+            elif n.op is Op.KERNEL:
+                ds = list(n.arg.inputs)
+            else:
+                ds = _loads(c, n, stored, inline)
+            deps[id(c)] = [aliases.get(id(d), d) for d in ds if not d.realized]
+        root_ids = {id(c) for c in roots}
+        unit_of = _contract(units, deps, root_ids)
+        members: dict[int, list[Class]] = {}
+        for c in units:
+            members.setdefault(unit_of[id(c)], []).append(c)
+        depth: dict[int, int] = {}
+        for c in units:  # topological: a unit's depth is settled when its last member is seen
+            u = unit_of[id(c)]
+            d = 1 + max((depth.get(unit_of[id(x)], 0) for x in deps[id(c)] if unit_of.get(id(x)) != u), default=0)
+            depth[u] = max(depth.get(u, 0), d)
+        class_depth = {id(c): depth[unit_of[id(c)]] for c in units}
+        for i, src in aliases.items():
+            class_depth[i] = class_depth.get(id(src), 0)
+        groups: dict[tuple, list[Class]] = {}
+        for u, ms in members.items():
+            if id(ms[0]) in root_ids:
+                groups.setdefault((depth[u], ms[0].device, ms[0].shape), []).extend(ms)
+        result: list[KernelGroup] = []
+        grew = False
+        for (d, _, _), group in groups.items():
+            b = KernelBuilder("k", stored - inline - set(group))
+            for c in sorted(group, key=lambda x: position[id(x)]):
+                b.add_output(c)
+            for e, factor in recompute_factors(b.kernel()).items():
+                if factor > 1:
+                    stored.add(b.reduce_class[e])
+                    grew = True
+                    log("sched", f"store {b.reduce_class[e]!r}: its kernel would recompute it {factor}x")
+            result.append(KernelGroup(group, b, d))
+        if not grew:
+            return Fusion(stored, aliases, sorted(result, key=lambda g: g.depth), class_depth)
+
+
+def _contract(units: list[Class], deps: dict[int, list[Class]], root_ids: set[int]) -> dict[int, int]:
+    """Union generated roots of one shape and device where one loads the other and no other path joins them
+    (so the merged kernel computes both, sharing the work). Returns id(class) -> unit id."""
+    parent = {id(c): id(c) for c in units}
+
+    def find(x: int) -> int:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def users() -> dict[int, set[int]]:
+        out: dict[int, set[int]] = {}
+        for c in units:
+            for d in deps[id(c)]:
+                if id(d) in parent:
+                    a, b = find(id(d)), find(id(c))
+                    if a != b:
+                        out.setdefault(a, set()).add(b)
+        return out
+
+    for c in units:
+        if id(c) not in root_ids:
+            continue
+        for d in deps[id(c)]:
+            if id(d) not in root_ids or d.shape != c.shape or d.device != c.device:
+                continue
+            a, b = find(id(d)), find(id(c))
+            if a == b:
+                continue
+            fwd = users()
+            # another path a -> ... -> b (through a third unit) would become a cycle once a and b merge
+            stack = [u for u in fwd.get(a, ()) if u != b]
+            seen: set[int] = set()
+            cyclic = False
+            while stack:
+                u = stack.pop()
+                if u == b:
+                    cyclic = True
+                    break
+                if u in seen:
+                    continue
+                seen.add(u)
+                stack.extend(fwd.get(u, ()))
+            if not cyclic:
+                parent[b] = a
+    return {i: find(i) for i in parent}

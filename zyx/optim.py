@@ -1,0 +1,136 @@
+"""Optimizers. ``step()`` builds every parameter's update lazily, rebinds the parameters and their states,
+then realizes them all in one schedule (one fused kernel per parameter and state where shapes allow).
+
+Learning rates and step-dependent factors (Adam's bias corrections) are ``Tensor.variable`` launch
+arguments, so changing them or advancing the step never recompiles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import zyx
+from zyx.autograd import no_grad
+from zyx.tensor import Tensor
+
+
+class Optimizer:
+    def __init__(self, params: Iterable[Tensor], lr: float) -> None:
+        self.params = [p for p in params]
+        if not self.params:
+            raise ValueError("optimizer got an empty parameter list")
+        for p in self.params:
+            if not p.requires_grad:
+                raise ValueError(f"optimizer parameter {p} does not require grad")
+        if lr < 0:
+            raise ValueError(f"learning rate must be non-negative, got {lr}")
+        self.lr = lr
+        self._lr_vars: dict[str, Tensor] = {}
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def _scalar(self, name: str, value: float, device: str) -> Tensor:
+        """A launch-argument scalar (one per device), updated in place each step."""
+        key = f"{name}@{device}"
+        v = self._lr_vars.get(key)
+        if v is None:
+            v = Tensor.variable(float(value), zyx.float32, device)
+            self._lr_vars[key] = v
+        v.cls.var_value = float(value)
+        return v
+
+    def step(self, *realize_also: Tensor) -> None:
+        """Update every parameter with a gradient; ``realize_also`` (e.g. the loss) joins the same schedule."""
+        with no_grad():
+            updated = self._update()
+            zyx.realize(*updated, *realize_also)
+
+    def _update(self) -> list[Tensor]:
+        raise NotImplementedError
+
+
+class SGD(Optimizer):
+    def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False) -> None:
+        super().__init__(params, lr)
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("SGD: nesterov needs momentum > 0 and dampening = 0")
+        self.momentum, self.dampening, self.weight_decay, self.nesterov = momentum, dampening, weight_decay, nesterov
+        self.buffers = [_zeros_like(p) for p in self.params] if momentum else []
+        self.steps = 0
+
+    def _update(self) -> list[Tensor]:
+        self.steps += 1
+        out = []
+        for i, p in enumerate(self.params):
+            if p.grad is None:
+                continue
+            g = p.grad.cast(p.dtype)
+            if self.weight_decay:
+                g = g + p.detach() * self.weight_decay
+            if self.momentum:
+                # PyTorch: the first step's buffer is the gradient itself, later ones are dampened
+                gscale = self._scalar("gscale", 1.0 if self.steps == 1 else 1 - self.dampening, p.device)
+                b = self.buffers[i] * self.momentum + g * gscale
+                self.buffers[i] = b
+                out.append(b)
+                g = g + b * self.momentum if self.nesterov else b
+            lr = self._scalar("lr", self.lr, p.device)
+            p.assign(p.detach() - lr * g)
+            out.append(p)
+        return out
+
+
+class Adam(Optimizer):
+    decoupled = False
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0) -> None:
+        super().__init__(params, lr)
+        b1, b2 = betas
+        if not (0 <= b1 < 1 and 0 <= b2 < 1):
+            raise ValueError(f"Adam: betas must be in [0, 1), got {betas}")
+        self.b1, self.b2, self.eps, self.weight_decay = b1, b2, eps, weight_decay
+        self.t = 0
+        # realized zeros, so the first step has the same graph structure as every later one
+        self.m = [_zeros_like(p) for p in self.params]
+        self.v = [_zeros_like(p) for p in self.params]
+
+    def _update(self) -> list[Tensor]:
+        self.t += 1
+        out = []
+        for i, p in enumerate(self.params):
+            if p.grad is None:
+                continue
+            g = p.grad.cast(p.dtype)
+            w = p.detach()
+            if self.weight_decay and not self.decoupled:
+                g = g + w * self.weight_decay
+            m = self.m[i] * self.b1 + g * (1 - self.b1)
+            v = self.v[i] * self.b2 + (g * g) * (1 - self.b2)
+            self.m[i], self.v[i] = m, v
+            # lr * sqrt(1 - b2^t) / (1 - b1^t), and eps * sqrt(1 - b2^t): PyTorch's formulation
+            c2 = (1 - self.b2 ** self.t) ** 0.5
+            step = self._scalar("step_size", self.lr * c2 / (1 - self.b1 ** self.t), p.device)
+            eps = self._scalar("eps_hat", self.eps * c2, p.device)
+            if self.weight_decay and self.decoupled:
+                w = w - w * self._scalar("decay", self.lr * self.weight_decay, p.device)
+            p.assign(w - step * m / (v.sqrt() + eps))
+            out += [m, v, p]
+        return out
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay (default 0.01, as PyTorch)."""
+
+    decoupled = True
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.01) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay)
+
+
+def _zeros_like(p: Tensor) -> Tensor:
+    return Tensor.zeros(p.shape, dtype=p.dtype, device=p.device).contiguous().realize().detach()
