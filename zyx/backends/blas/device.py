@@ -23,6 +23,7 @@ from zyx.utils import STATS
 
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 LAUNCH_OVERHEAD_NS = 4_000
+SINGLE_THREAD_FLOPS = 1 << 25
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class Gemm:
 
 
 def _find_cblas():
-    """(sgemm, dgemm, int type) from the BLAS NumPy ships, or None."""
+    """(sgemm, dgemm, int type, set-local-threads or None) from the BLAS NumPy ships, or None."""
     import numpy
 
     roots = [os.path.join(os.path.dirname(os.path.dirname(numpy.__file__)), "numpy.libs"),
@@ -70,7 +71,10 @@ def _find_cblas():
                 continue
             for s, d, it in names:
                 if hasattr(lib, s) and hasattr(lib, d):
-                    return getattr(lib, s), getattr(lib, d), it
+                    threads = getattr(lib, "openblas_set_num_threads_local", None)
+                    if threads is not None:
+                        threads.argtypes, threads.restype = [ctypes.c_int], ctypes.c_int
+                    return getattr(lib, s), getattr(lib, d), it, threads
     return None
 
 
@@ -81,8 +85,9 @@ class BlasDevice(Device):
         self._ids: dict[Gemm, int] = {}
         found = _find_cblas()
         self.backend = "cblas" if found else "numpy.matmul"
+        self._set_threads = None
         if found:
-            self._sgemm, self._dgemm, it = found
+            self._sgemm, self._dgemm, it, self._set_threads = found
             f, d, p = ctypes.c_float, ctypes.c_double, ctypes.c_void_p
             self._sgemm.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, it, it, it, f, p, it, p, it, f, p, it]
             self._dgemm.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, it, it, it, d, p, it, p, it, d, p, it]
@@ -137,12 +142,20 @@ class BlasDevice(Device):
         if self.backend == "cblas":
             fn = self._sgemm if g.dtype is dtypes.float32 else self._dgemm
             ta, tb = (TRANS if g.trans_a else NO_TRANS), (TRANS if g.trans_b else NO_TRANS)
-            for idx in itertools.product(*(range(s) for s in g.batch)):
-                oa = g.a_offset + sum(i * s for i, s in zip(idx, g.a_batch))
-                ob = g.b_offset + sum(i * s for i, s in zip(idx, g.b_batch))
-                oc = sum(i * s for i, s in zip(idx, g.c_batch))
-                fn(ROW_MAJOR, ta, tb, g.m, g.n, g.k, 1.0, a + oa * size, g.lda, b + ob * size, g.ldb, 0.0,
-                   c + oc * size, g.ldc)
+            # small GEMMs run on this thread: waking BLAS worker threads costs more than it saves, and they
+            # fight the generated kernels' OpenMP threads for the cores
+            single = self._set_threads is not None and 2 * g.m * g.n * g.k < SINGLE_THREAD_FLOPS
+            prev = self._set_threads(1) if single else 0
+            try:
+                for idx in itertools.product(*(range(s) for s in g.batch)):
+                    oa = g.a_offset + sum(i * s for i, s in zip(idx, g.a_batch))
+                    ob = g.b_offset + sum(i * s for i, s in zip(idx, g.b_batch))
+                    oc = sum(i * s for i, s in zip(idx, g.c_batch))
+                    fn(ROW_MAJOR, ta, tb, g.m, g.n, g.k, 1.0, a + oa * size, g.lda, b + ob * size, g.ldb, 0.0,
+                       c + oc * size, g.ldc)
+            finally:
+                if single:
+                    self._set_threads(prev)
         else:
             self._numpy_gemm(g, args)
 

@@ -1,0 +1,1 @@
+"""Runnable examples: ``python -m zyx.examples.train_mlp``."""
