@@ -36,6 +36,9 @@ DEBUG = parse_debug(os.environ.get("ZYX_DEBUG"))
 
 STATS: Counter = Counter()
 
+# When a list, every kernel IR a device compiles is appended to it (tests compile them for other targets).
+KERNEL_LOG: list | None = None
+
 
 def debug_on(flag: str) -> bool:
     return bool(DEBUG & FLAGS[flag])

@@ -7,7 +7,7 @@ import os
 import time
 from collections.abc import Sequence
 
-from zyx import dtypes
+from zyx import dtypes, utils
 from zyx.backends.base import BackendError, Device, DeviceInfo, ErrorStatus, ProgramId
 from zyx.backends.host.compiler import CCompiler
 from zyx.backends.host.pool import HostPool
@@ -62,6 +62,8 @@ class HostDevice(Device):
         return self.renderer.render(opt.optimize(kernel, self._info))
 
     def compile(self, kernel: Kernel) -> ProgramId:
+        if utils.KERNEL_LOG is not None:
+            utils.KERNEL_LOG.append(kernel)
         src = self.render(kernel)
         pid = self._by_source.get(src)
         if pid is not None:
