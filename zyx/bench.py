@@ -251,6 +251,45 @@ def tiny_chain(args) -> Row:
     return row
 
 
+@case
+def train_step(args) -> Row:
+    """One Adam training step of the train_mlp example's model and batch (forward, backward, update)."""
+    from zyx import nn, optim
+    from zyx.examples.train_mlp import make_model
+
+    rng = np.random.default_rng(5)
+    x = rng.random((64, 64), dtype=np.float32)
+    y = rng.integers(0, 10, size=64)
+    zyx.manual_seed(0)
+    model = make_model()
+    opt = optim.Adam(model.parameters(), lr=1e-3)
+
+    def step_zyx():
+        loss = nn.functional.cross_entropy(model(zyx.Tensor(x)), zyx.Tensor(y))
+        opt.zero_grad()
+        loss.backward()
+        opt.step(loss)
+        return loss.item()
+
+    row = Row("train step MLP 64-128-128-10, batch 64, Adam", median_ms(step_zyx, max(args.repeats, 20), 3))
+    torch = _torch()
+    if torch is not None:
+        torch.manual_seed(0)
+        tm = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Dropout(0.1),
+                                 torch.nn.Linear(128, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+        topt = torch.optim.Adam(tm.parameters(), lr=1e-3)
+
+        def step_torch():
+            loss = torch.nn.functional.cross_entropy(tm(torch.from_numpy(x)), torch.from_numpy(y))
+            topt.zero_grad()
+            loss.backward()
+            topt.step()
+            return loss.item()
+
+        row.refs["torch"] = median_ms(step_torch, max(args.repeats, 20), 3)
+    return row
+
+
 def format_table(rows: list[Row]) -> str:
     refs = sorted({r for row in rows for r in row.refs}, key=lambda r: ["numpy", "torch"].index(r)
                   if r in ("numpy", "torch") else 9)

@@ -84,3 +84,24 @@ def test_renderer_literals():
     assert r.literal(-(2**63), dtypes.int64).startswith("(-9223372036854775807LL")
     assert r.literal(2**64 - 1, dtypes.uint64) == "18446744073709551615ULL"
     assert r.literal(True, dtypes.bool_) == "1"
+
+
+def test_interchange_reduce_for_strided_reduce_axis():
+    """matmul's B[k, j] and column sums walk the output axis contiguously: the reduce gets one accumulator
+    per output element of a tile and the tile loop runs innermost."""
+    info = DeviceInfo("host", "host", compute_units=2)
+    x = zyx.Tensor(np.arange(64 * 96, dtype=np.float32).reshape(64, 96) / 1000)
+    col = (x * 1.0).sum(0)
+    from zyx.graph import schedule as sched
+
+    k = sched.scheduled_steps([col.cls])[0].source
+    ko = opt.optimize(k, info)
+    assert "vector_acc" in ko.meta
+    np.testing.assert_allclose(col.numpy(), x.numpy().sum(0), rtol=1e-5)
+    row = (x * 1.0).sum(1)  # contiguous reduce axis: no interchange
+    k = sched.scheduled_steps([row.cls])[0].source
+    assert "vector_acc" not in opt.optimize(k, info).meta
+    m = x.max(0)
+    np.testing.assert_array_equal(m.numpy(), x.numpy().max(0))
+    nan = zyx.Tensor(np.array([[1.0, 2.0], [np.nan, 0.0], [3.0, 1.0]] * 8, np.float32))
+    np.testing.assert_array_equal(np.isnan(nan.max(0).numpy()), [True, False])

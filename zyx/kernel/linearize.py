@@ -38,6 +38,7 @@ class Reduce:
     expr: Expr
     loop: Loop
     split: bool = False  # split across threads (root reduce of a kernel with no output loops)
+    vec: Expr | None = None  # accumulate one value per iteration of this (output) range, innermost
 
 
 def linearize(k: Kernel) -> Block:
@@ -58,6 +59,8 @@ def linearize(k: Kernel) -> Block:
         depth[r] = i + 1
     innermost = cur
     done: set[int] = set()
+    emitted: list[Expr] = []
+    vec = k.meta.get("vector_acc")
 
     def home(e: Expr) -> Block:
         rs = e.ranges
@@ -70,23 +73,38 @@ def linearize(k: Kernel) -> Block:
             return
         done.add(id(e))
         if e.op is Ops.REDUCE:
-            outer = home(e)
-            base = max((depth[r] for r in e.ranges), default=0)
+            vectorized = vec is not None and vec in e.ranges
+            deps = e.ranges - {vec} if vectorized else e.ranges
+            outer = block_of[max(deps, key=lambda r: depth[r])] if deps else root
+            base = max((depth[r] for r in deps), default=0)
             loops = []
-            for j, r in enumerate(e.arg[1]):
+            for j, r in enumerate(e.arg[1] + ((vec,) if vectorized else ())):
                 loops.append(Loop(r, Block(), "serial"))
-                block_of[r] = loops[-1].body
                 depth[r] = base + j + 1
             for a, b in zip(loops, loops[1:]):
                 a.body.inner = b
+            saved = (block_of.get(vec), depth.get(vec)) if vectorized else None
+            for loop in loops:
+                block_of[loop.range] = loop.body
+            if vectorized:
+                depth[vec] = base + len(loops)
+            start = len(emitted)
             emit(e.srcs[0])
             loops[-1].body.tail.append(e)  # the accumulate statement
             loops[-1].kind = "simd"
-            outer.stmts.append(Reduce(e, loops[0], split=k.split_reduce and outer is root))
+            if vectorized:
+                # values of the vectorized range defined inside the reduce are out of scope after it
+                block_of[vec], depth[vec] = saved
+                for x in emitted[start:]:
+                    if vec in x.ranges:
+                        done.discard(id(x))
+            outer.stmts.append(Reduce(e, loops[0], split=k.split_reduce and outer is root,
+                                      vec=vec if vectorized else None))
             return
         for s in e.srcs:
             emit(s)
         home(e).stmts.append(e)
+        emitted.append(e)
 
     for st in k.stores:
         emit(st.index)

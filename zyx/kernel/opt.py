@@ -75,6 +75,37 @@ def _every_range(k: Kernel) -> list[Expr]:
     return out
 
 
+def _coefficient(index: Expr, r: Expr) -> int:
+    terms, _ = ir._linear(index)
+    return sum(v for a, v in terms.items() if a is r)
+
+
+def interchange_reduce(k: Kernel) -> Kernel:
+    """Put the innermost output loop inside a reduce that depends on it, when the reduce's loads walk that
+    output axis contiguously but its own axis with a stride (matmul, column sums): the reduce keeps one
+    accumulator per output element of a tile (``meta["vector_acc"]``) and the tile loop vectorizes."""
+    if not k.loops or k.split_reduce:
+        return k
+    j = k.loops[-1]
+    reds = [e for e in k.reduces() if j in e.ranges]
+    if len(reds) != 1:
+        return k
+    red = reds[0]
+    loads = [e for e in ir.toposort([red.srcs[0]]) if e.op is Ops.LOAD]
+    gain = any(_coefficient(x.srcs[0], j) == 1 and any(abs(_coefficient(x.srcs[0], r)) > 1 for r in red.arg[1])
+               for x in loads)
+    if not gain:
+        return k
+    size = j.arg[1]
+    tile = next((t for t in (64, 32, 16, 8) if size % t == 0), size if size <= 64 else None)
+    if tile is None:
+        return k
+    next_id = max(r.arg[0] for r in _every_range(k)) + 1
+    jb, jj = ir.range_(next_id, size // tile), ir.range_(next_id + 1, tile)
+    k2 = _substitute_kernel(k, {j: jb * tile + jj}, k.loops[:-1] + (jb, jj))
+    return replace(drop_unit_loops(k2), vector=True, meta={**k.meta, "vector_acc": jj})
+
+
 def work(k: Kernel) -> int:
     """Iterations of the innermost statements: output size times the largest reduce."""
     red = max((math.prod(r.arg[1] for r in e.arg[1]) for e in k.reduces()), default=1)
@@ -133,6 +164,7 @@ def optimize(k: Kernel, info: DeviceInfo) -> Kernel:
     k = drop_unit_loops(k)
     k = merge_loops(k)
     if info.kind == "host":
+        k = interchange_reduce(k)
         k = parallelize(k, info)
         k = vectorize(k)
         k = widen_accumulators(k)

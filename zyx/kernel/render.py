@@ -208,7 +208,8 @@ class CStyleRenderer:
             return f"{acc} &= {v};"
         c = ">" if op is Ops.MAX else "<"
         if d.is_float:
-            return f"{acc} = ({v} {c} {acc}) ? {v} : {acc}; {acc}_nan |= ({v} != {v});"
+            flag = acc.replace("[", "_nan[", 1) if acc.endswith("]") else f"{acc}_nan"
+            return f"{acc} = ({v} {c} {acc}) ? {v} : {acc}; {flag} |= ({v} != {v});"
         return f"{acc} = ({v} {c} {acc}) ? {v} : {acc};"
 
     def loop_header(self, loop: Loop, var: str, reductions: list[tuple[str, str]]) -> list[str]:
@@ -283,6 +284,9 @@ class CRenderer(CStyleRenderer):
         acc_name: dict[Expr, str] = {}
 
         def emit_reduce(red: Reduce, ind: str) -> None:
+            if red.vec is not None:
+                emit_vector_reduce(red, ind)
+                return
             e = red.expr
             op = e.arg[0]
             acc = fresh("acc")
@@ -326,6 +330,26 @@ class CRenderer(CStyleRenderer):
             rt = self.reg_type(e.dtype)
             lines.append(f"{ind}const {rt} {nm} = ({rt})({fin});")
             name[e] = nm
+
+        def emit_vector_reduce(red: Reduce, ind: str) -> None:
+            """One accumulator per iteration of ``red.vec``, which runs innermost (vectorized) inside the reduce
+            loops; the value is read as ``acc[r]`` inside the output loop of that range."""
+            e, op, r = red.expr, red.expr.arg[0], rng(red.vec)
+            acc = fresh("acc")
+            at = self.acc_type(e, k)
+            n = red.vec.arg[1]
+            nan = op in (Ops.MAX, Ops.MIN) and e.dtype.is_float
+            lines.append(f"{ind}{at} {acc}[{n}];" + (f" int {acc}_nan[{n}];" if nan else ""))
+            lines.append(f"{ind}for (int t = 0; t < {n}; t++) {{ {acc}[t] = {self.identity(op, e, at)};"
+                         + (f" {acc}_nan[t] = 0;" if nan else "") + " }")
+            acc_name[e] = f"{acc}[{r}]"
+            emit_loop(red.loop, ind)
+            rt = self.reg_type(e.dtype)
+            if nan:
+                nan_lit = self.literal(math.nan, dtypes.float64 if at == "double" else dtypes.float32)
+                name[e] = f"(({rt})({acc}_nan[{r}] ? {nan_lit} : {acc}[{r}]))"
+            else:
+                name[e] = f"(({rt}){acc}[{r}])"
 
         def reduce_loop(red: Reduce, ind: str, lo: str, hi: str, acc: str, nan: bool, blocked: bool) -> None:
             e, loop = red.expr, red.loop
