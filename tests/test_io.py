@@ -116,6 +116,10 @@ def test_metadata_round_trip(tmp_path):
 
     with safe_open(str(tmp_path / "mine.safetensors"), framework="np") as f:
         assert f.metadata() == meta
+    for m in ({}, {"only": "one"}):  # (one key or none: the official writer's key order is a hash order)
+        stn.save_file({"a": np.ones(2, np.float32)}, str(tmp_path / "ref.safetensors"), metadata=m)
+        zyx.save(tmp_path / "mine.safetensors", {"a": zyx.ones(2)}, metadata=m)
+        assert (tmp_path / "mine.safetensors").read_bytes() == (tmp_path / "ref.safetensors").read_bytes()
     zyx.save(tmp_path / "none.safetensors", {"a": zyx.ones(2)})
     assert zio.load_metadata(tmp_path / "none.safetensors") == {}
 

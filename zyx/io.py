@@ -352,7 +352,7 @@ def _atomic_write(path: str, write: Callable[[BinaryIO], None]) -> None:
 
 def _safetensors_header(tensors: Mapping[str, Tensor], names: list[str], metadata: dict[str, str] | None) -> bytes:
     header: dict = {}
-    if metadata:
+    if metadata is not None:  # the official writer keeps an empty dict too
         header["__metadata__"] = dict(metadata)
     pos = 0
     for name in names:
