@@ -28,7 +28,7 @@ class CStyleRenderer:
 
     index_type = "long long"
     restrict = "__restrict__"
-    sum_block = 1024  # elements per float partial sum of a long float32 reduction
+    sum_block = 256  # elements per float partial sum of a long float32 reduction
     math_fns: dict[tuple[str, str], str] = {}
     supports_f64 = True
 

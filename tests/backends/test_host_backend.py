@@ -1,0 +1,77 @@
+"""Host pool and device: alignment, reference counts, the compiler cache, compile errors, OpenMP off."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from zyx.backends.base import BackendError, ErrorStatus
+from zyx.backends.host.compiler import CCompiler, cache_dir
+from zyx.backends.host.pool import HostPool
+
+
+def test_pool_alignment_refcount_and_reuse():
+    pool = HostPool()
+    ids = [pool.allocate(n) for n in (1, 100, 4096, 0)]
+    assert all(pool.address(i) % 64 == 0 for i in ids)
+    assert pool.nbytes(ids[1]) == 100
+    pool.retain(ids[1])
+    pool.release(ids[1])
+    assert pool.live_buffers() == 4  # still one reference
+    pool.host_to_pool(memoryview(np.arange(25, dtype=np.float32)), ids[1])
+    out = np.empty(25, np.float32)
+    pool.pool_to_host(ids[1], memoryview(out.view(np.uint8)))
+    np.testing.assert_array_equal(out, np.arange(25, dtype=np.float32))
+    addr = pool.address(ids[2])
+    pool.release(ids[2])
+    again = pool.allocate(4096)
+    assert pool.address(again) == addr  # the freed block is reused from the cache: no new pages
+    for i in (ids[0], ids[1], ids[3], again):
+        pool.release(i)
+    assert pool.live_buffers() == 0
+
+
+def test_compile_error_names_log_and_source(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cc = CCompiler("cc")
+    with pytest.raises(BackendError) as e:
+        cc.compile("void broken(void) { this is not C; }\n", "broken")
+    assert e.value.status is ErrorStatus.COMPILATION
+    assert "kernel broken" in e.value.context and "error" in e.value.context
+    assert str(tmp_path / "zyx" / "host") in e.value.context  # the path of the source to look at
+
+
+def test_libraries_are_cached_on_disk(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    src = "int answer(void) { return 42; }\n"
+    CCompiler("cc").compile(src, "answer")
+    libs = list((cache_dir() / "host").glob("*.so"))
+    assert len(libs) == 1
+    mtime = libs[0].stat().st_mtime_ns
+    assert CCompiler("cc").compile(src, "answer").answer() == 42
+    assert libs[0].stat().st_mtime_ns == mtime  # reused, not rebuilt
+    assert CCompiler("cc", openmp=False).flags != CCompiler("cc").flags or not CCompiler("cc").openmp
+
+
+def test_missing_compiler_is_an_initialization_error():
+    with pytest.raises(BackendError, match="not found on PATH") as e:
+        CCompiler("definitely-not-a-compiler")
+    assert e.value.status is ErrorStatus.INITIALIZATION
+
+
+def test_openmp_off_still_computes(tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"host": {"openmp": False}}))
+    code = ("import numpy as np, zyx\n"
+            "x = zyx.Tensor(np.arange(200000, dtype=np.float32))\n"
+            "print(float((x * 2).sum().item()), zyx.registry().get('host').primary.compiler.flags)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={"ZYX_CONFIG": str(cfg), "PATH": "/usr/bin:/bin", "XDG_CACHE_HOME": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    total, flags = out.stdout.split(" ", 1)
+    assert float(total) == pytest.approx(2 * 199999 * 200000 / 2, rel=1e-5)
+    assert "-fopenmp" not in flags
