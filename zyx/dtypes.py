@@ -98,6 +98,13 @@ def to_dtype(x) -> DType:
     raise TypeError(f"NumPy dtype {npd} has no zyx equivalent; zyx dtypes are {', '.join(d.name for d in ALL)}")
 
 
+def as_python(value, d: DType):
+    """``value`` as the Python scalar type that represents dtype ``d`` (bool, int or float)."""
+    if d.kind == "b":
+        return bool(value)
+    return int(value) if d.is_int else float(value)
+
+
 def promote_types(a: DType, b: DType) -> DType:
     """Result dtype of a binary op between two tensors (NumPy rules, plus bfloat16)."""
     if a is b:

@@ -16,13 +16,7 @@ COMPARISONS = frozenset({Op.CMPLT, Op.CMPLE, Op.CMPEQ, Op.CMPNE, Op.ISNAN, Op.IS
 
 
 def const(value, shape: tuple[int, ...], dtype: DType, device: str) -> Class:
-    if dtype.kind == "b":
-        value = bool(value)
-    elif dtype.is_int:
-        value = int(value)
-    else:
-        value = float(value)
-    return make(Op.CONST, (), value, tuple(shape), dtype, device)
+    return make(Op.CONST, (), dtypes.as_python(value, dtype), tuple(shape), dtype, device)
 
 
 def iota(n: int, dtype: DType, device: str) -> Class:
@@ -100,7 +94,7 @@ def pad(x: Class, pads: tuple[tuple[int, int], ...], fill=0) -> Class:
     pads = tuple((int(a), int(b)) for a, b in pads)
     if all(p == (0, 0) for p in pads):
         return x
-    fill = bool(fill) if x.dtype.kind == "b" else (int(fill) if x.dtype.is_int else float(fill))
+    fill = dtypes.as_python(fill, x.dtype)
     shape = tuple(s + a + b for s, (a, b) in zip(x.shape, pads))
     return make(Op.PAD, (x,), (pads, fill), shape, x.dtype, x.device)
 

@@ -193,12 +193,7 @@ def _make(op: Ops, dtype: DType, srcs: tuple[Expr, ...] = (), arg=None, bounds: 
 
 
 def const(value, dtype: DType) -> Expr:
-    if dtype.kind == "b":
-        value = bool(value)
-    elif dtype.is_int:
-        value = int(value)
-    else:
-        value = float(value)
+    value = dtypes.as_python(value, dtype)
     b = (value, value) if not (isinstance(value, float) and math.isnan(value)) else (-math.inf, math.inf)
     return _make(Ops.CONST, dtype, (), value, b)
 
