@@ -230,7 +230,7 @@ class Tensor:
         return Tensor._from_class(self.cls)
 
     def contiguous(self) -> Tensor:
-        return F.Contiguous.apply(self)
+        return F.Contiguous.apply(self._on_compute())
 
     # ---- creation --------------------------------------------------------------------------------------------
     @staticmethod
@@ -304,8 +304,8 @@ class Tensor:
         d = dtypes.to_dtype(dtype)
         if d is self.dtype:
             return self
-        return F.Cast.apply(self, dtype=d) if d.is_float and self.dtype.is_float else \
-            Tensor._from_class(g.cast(self.cls, d))
+        x = self._on_compute()
+        return F.Cast.apply(x, dtype=d) if d.is_float and x.dtype.is_float else Tensor._from_class(g.cast(x.cls, d))
 
     astype = cast
 
@@ -368,7 +368,8 @@ class Tensor:
         if self.shape == shape:
             return self
         nd = len(shape)
-        x = self if self.ndim == nd else self.reshape((1,) * (nd - self.ndim) + self.shape)
+        x = self._on_compute()
+        x = x if x.ndim == nd else x.reshape((1,) * (nd - x.ndim) + x.shape)
         return F.Expand.apply(x, shape=shape) if x.shape != shape else x
 
     def broadcast_to(self, shape) -> Tensor:
@@ -809,7 +810,7 @@ class Tensor:
         if any(s < 0 for s in shape) or math.prod(shape) != n:
             raise ValueError(f"cannot reshape tensor of shape {self.shape} ({n} elements) into shape {tuple(shape)}")
         shape = tuple(shape)
-        return self if shape == self.shape else F.Reshape.apply(self, shape=shape)
+        return self if shape == self.shape else F.Reshape.apply(self._on_compute(), shape=shape)
 
     view = reshape
 
@@ -818,7 +819,7 @@ class Tensor:
         if sorted(_norm_axis(o, self.ndim) for o in order) != list(range(self.ndim)) or len(order) != self.ndim:
             raise ValueError(f"permute: {order} is not a permutation of the {self.ndim} axes of shape {self.shape}")
         order = tuple(_norm_axis(o, self.ndim) for o in order)
-        return self if order == tuple(range(self.ndim)) else F.Permute.apply(self, order=order)
+        return self if order == tuple(range(self.ndim)) else F.Permute.apply(self._on_compute(), order=order)
 
     def transpose(self, axis0: int = -2, axis1: int = -1) -> Tensor:
         if self.ndim < 2 and axis0 in (-2, -1) and axis1 in (-2, -1):
@@ -865,7 +866,7 @@ class Tensor:
         """Constant padding. ``pad_width``: NumPy style ((before, after), ...) per axis, one (before, after)
         pair for every axis, or PyTorch style flat (left, right, top, bottom, ...) starting at the last axis."""
         pads = _pad_arg(pad_width, self.ndim)
-        x = self
+        x = self._on_compute()
         if any(a < 0 or b < 0 for a, b in pads):
             spec = tuple((max(-a, 0), s - max(-b, 0), 1) for (a, b), s in zip(pads, x.shape))
             if any(st > sp for st, sp, _ in spec):
@@ -880,7 +881,7 @@ class Tensor:
         spec = tuple(spec)
         if all((a, b, c) == (0, s, 1) for (a, b, c), s in zip(spec, self.shape)):
             return self
-        return F.Shrink.apply(self, spec=spec)
+        return F.Shrink.apply(self._on_compute(), spec=spec)
 
     def flip(self, axis=None, dims=None) -> Tensor:
         axes = _norm_axes(_alias(axis, dims), self.ndim)
@@ -1089,8 +1090,8 @@ def where(cond, x, y) -> Tensor:
     c = cond if isinstance(cond, Tensor) else Tensor(cond, dtype=dtypes.bool_, device=dev)
     c = c._on_compute()
     if isinstance(x, Tensor) or isinstance(y, Tensor):
-        tx = x if isinstance(x, Tensor) else None
-        ty = y if isinstance(y, Tensor) else None
+        tx = x._on_compute() if isinstance(x, Tensor) else None
+        ty = y._on_compute() if isinstance(y, Tensor) else None
         base = tx if tx is not None else ty
         if tx is None:
             tx = Tensor._from_class(g.const(x, base.shape, dtypes.scalar_dtype(x, base.dtype), base.device))
@@ -1224,8 +1225,9 @@ def _getitem(x: Tensor, index) -> Tensor:
 
 
 def realize(*tensors: Tensor) -> None:
-    """Realize several tensors in one schedule (shared work is computed once)."""
-    schedule.realize([t._on_compute().cls if t.device == "disk" else t.cls for t in tensors])
+    """Realize several tensors in one schedule (shared work is computed once). Realized tensors (including
+    tensors on "disk", which are data already) are left as they are."""
+    schedule.realize([t.cls for t in tensors if not t.cls.realized])
 
 
 def cat(tensors: Sequence[Tensor], axis: int = 0, dim=None) -> Tensor:

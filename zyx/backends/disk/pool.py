@@ -17,7 +17,6 @@ A buffer is a byte range ``(file, offset, nbytes)`` of one mapped file. Invarian
 
 from __future__ import annotations
 
-import errno
 import mmap
 import os
 import stat
@@ -112,12 +111,9 @@ class DiskPool(Pool):
     def open_file(self, path: str | os.PathLike) -> MappedFile:
         """Map ``path`` read-only (or share its existing mapping); close the handle when done with it."""
         p = os.fspath(path)
-        try:  # O_NONBLOCK: opening a FIFO must not hang (it is refused below); no effect on regular files
-            fd = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
-        except FileNotFoundError:
-            raise FileNotFoundError(errno.ENOENT, f"{p}: no such file", p) from None
-        except OSError as e:
-            raise type(e)(e.errno, f"{p}: cannot open for reading ({e.strerror})", p) from None
+        # OSError (FileNotFoundError, PermissionError) names the file; O_NONBLOCK: opening a FIFO must not
+        # hang (it is refused below as not a regular file), and it changes nothing for regular files
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
