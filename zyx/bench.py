@@ -290,6 +290,13 @@ def train_step(args) -> Row:
     return row
 
 
+@case
+def load_and_sum(args) -> Row:
+    from zyx.backends.disk.bench_case import load_and_sum as run
+
+    return run(args)
+
+
 def format_table(rows: list[Row]) -> str:
     refs = sorted({r for row in rows for r in row.refs}, key=lambda r: ["numpy", "torch"].index(r)
                   if r in ("numpy", "torch") else 9)

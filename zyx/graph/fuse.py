@@ -7,9 +7,10 @@ Invariants:
   inlined into each kernel that needs it; movement ops are index arithmetic.
 - A stored class whose own computation is cheap elementwise work ("inlinable") is still stored, but other
   kernels recompute it instead of loading it, so they do not have to wait for it.
-- Kernels are grouped: stored classes of the same shape and device at the same dependency depth become one
-  kernel with several stores (the optimizer's parameter and state updates, the gradients of one shape).
-  Depth strictly increases along every load, so groups never depend on each other in a cycle.
+- Kernels are grouped: stored classes of the same shape and device at the same dependency depth that read a
+  common stored class become one kernel with several stores (the optimizer's parameter and state updates,
+  the gradients of one shape). Depth strictly increases along every load, so groups never depend on each
+  other in a cycle.
 """
 
 from __future__ import annotations
@@ -91,16 +92,16 @@ def _aliases(outputs: list[Class], stored: set[Class]) -> dict[int, Class]:
 
 
 def _loads(c: Class, node: Node, loaded: set[Class], inline: set[Class]) -> list[Class]:
-    """Stored classes a kernel computing ``node`` reads (looking through inlinable stored classes)."""
+    """Stored classes and leaves a kernel computing ``node`` reads (looking through inlinable stored classes)."""
     out, seen, stack = [], set(), list(node.srcs)
     while stack:
         s = stack.pop()
         if id(s) in seen:
             continue
         seen.add(id(s))
-        if s.realized or s.op is Op.VAR:
+        if s.op is Op.VAR and not s.realized:
             continue
-        if s in loaded and s not in inline:
+        if s.realized or (s in loaded and s not in inline):
             out.append(s)
             continue
         stack.extend(s.srcs)
@@ -145,7 +146,8 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
         inline = {c for c in roots if c.op in ELEMENTWISE and
                   _cone_cost(c, stored - {c}, {}) < INLINE_STORED_COST}
         units = [c for c in order if c in stored and id(c) not in aliases]
-        deps: dict[int, list[Class]] = {}
+        deps: dict[int, list[Class]] = {}  # stored classes computed in this plan that c waits for
+        reads: dict[int, list[Class]] = {}  # everything c's kernel loads (leaves too)
         for c in units:
             n = computed_by(c)
             if c.op is Op.COPY:
@@ -154,6 +156,7 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
                 ds = list(n.arg.inputs)
             else:
                 ds = _loads(c, n, stored, inline)
+            reads[id(c)] = ds
             deps[id(c)] = [aliases.get(id(d), d) for d in ds if not d.realized]
         root_ids = {id(c) for c in roots}
         unit_of = _contract(units, deps, root_ids)
@@ -168,13 +171,14 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
         class_depth = {id(c): depth[unit_of[id(c)]] for c in units}
         for i, src in aliases.items():
             class_depth[i] = class_depth.get(id(src), 0)
-        groups: dict[tuple, list[Class]] = {}
+        buckets: dict[tuple, list[list[Class]]] = {}
         for u, ms in members.items():
             if id(ms[0]) in root_ids:
-                groups.setdefault((depth[u], ms[0].device, ms[0].shape), []).extend(ms)
+                buckets.setdefault((depth[u], ms[0].device, ms[0].shape), []).append(ms)
+        groups = [(key[0], g) for key, units_ in buckets.items() for g in _share_groups(units_, reads)]
         result: list[KernelGroup] = []
         grew = False
-        for (d, _, _), group in groups.items():
+        for d, group in groups:
             b = KernelBuilder("k", stored - inline - set(group))
             for c in sorted(group, key=lambda x: position[id(x)]):
                 b.add_output(c)
@@ -235,3 +239,27 @@ def _contract(units: list[Class], deps: dict[int, list[Class]], root_ids: set[in
             if not cyclic:
                 parent[b] = a
     return {i: find(i) for i in parent}
+
+
+def _share_groups(units: list[list[Class]], reads: dict[int, list[Class]]) -> list[list[Class]]:
+    """Merge units (of one depth, device and shape) that read a common stored class: one kernel then loads it
+    once. Units sharing nothing stay apart (merging them saves a launch but costs parallelism, e.g. one
+    kernel computing many unrelated full reductions one after another)."""
+    parent = list(range(len(units)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    first_reader: dict[int, int] = {}
+    for i, ms in enumerate(units):
+        for c in ms:
+            for d in reads[id(c)]:
+                j = first_reader.setdefault(id(d), i)
+                parent[find(i)] = find(j)
+    out: dict[int, list[Class]] = {}
+    for i, ms in enumerate(units):
+        out.setdefault(find(i), []).extend(ms)
+    return list(out.values())
