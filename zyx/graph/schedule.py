@@ -125,7 +125,8 @@ def plan(order: list[Class], leaves: list[Class], outputs: list[Class]) -> Plan:
     for c in order:
         if c in stored:
             slot[id(c)] = len(slot)
-            if id(c) not in aliases:
+            # copies allocate their destination themselves (it may import the source without copying)
+            if id(c) not in aliases and c.op is not Op.COPY:
                 alloc.append((slot[id(c)], reg.get(c.device).pool, c.device, c.nbytes))
     alias_slots = [(slot[i], slot[id(src)]) for i, src in aliases.items()]
 
@@ -205,20 +206,48 @@ def realize(outputs: list[Class]) -> None:
         table[i] = c.buffer if c.realized else c.var_value
     for s, pool, device, nbytes in p.alloc:
         table[s] = Buffer(pool, pool.allocate(nbytes), nbytes, device)
-    for s, src in p.aliases:
-        table[s] = table[src]
+    pending = _resolve_aliases(p.aliases, table)
     STATS["realizes"] += 1
     for st, rel in zip(p.steps, p.release_after):
         if st.kind == "copy":
-            src, dst = table[st.args[0]], table[st.args[1]]
-            st.dst_pool.pool_to_pool(st.src_pool, src.id, dst.id)
-            STATS["copies"] += 1
+            table[st.args[1]] = _copy(st, table[st.args[0]])
         else:
             st.dev.launch(st.program, [a.id if isinstance(a, Buffer) else a for a in map(table.__getitem__, st.args)])
+        if pending:
+            pending = _resolve_aliases(pending, table)
         for r in rel:
             table[r] = None
     for c, s in zip(outs, p.outputs):
         c.set_buffer(table[s])
+
+
+def _resolve_aliases(aliases: list[tuple[int, int]], table: list) -> list[tuple[int, int]]:
+    """Point alias slots at their source buffers once those exist; returns the ones still waiting."""
+    waiting = []
+    for s, src in aliases:
+        if table[src] is None:
+            waiting.append((s, src))
+        else:
+            table[s] = table[src]
+    return waiting
+
+
+def _copy(st: Step, src: Buffer) -> Buffer:
+    """The destination buffer of a copy step: imported without copying when the pools allow, else copied."""
+    dst_pool = st.dst_pool
+    importer = getattr(dst_pool, "import_buffer", None)
+    bid = importer(st.src_pool, src.id) if importer is not None else None
+    if bid is None:
+        bid = dst_pool.allocate(src.nbytes)
+        try:
+            dst_pool.pool_to_pool(st.src_pool, src.id, bid)
+        except BaseException:
+            dst_pool.release(bid)
+            raise
+        STATS["copies"] += 1
+    else:
+        STATS["zero_copy_imports"] += 1
+    return Buffer(dst_pool, bid, src.nbytes, st.device)
 
 
 def scheduled_steps(outputs: list[Class]) -> list[Step]:

@@ -8,102 +8,55 @@ all ``float f(float)``):
 
 * Vectorization.  Written so that GCC auto-vectorizes a ``#pragma omp simd`` loop that calls them, compiled
   with ``-O3 -march=native`` and *without* ``-ffast-math`` (so glibc's libmvec is not an option): the
-  functions are ``static inline`` and always inlined, make no calls (no libm, no errno), keep no mutable
-  state, and have no branches on data.  Every data-dependent choice is a select done with bit masks
-  (``zyx__sel64``/``zyx__sel32``): GCC 12 turns plain ``c ? k : v`` ternaries with a constant arm into
-  control flow that its if-conversion then refuses (the FP operations it sinks into the arms "could trap"
-  under the default ``-ftrapping-math``), which would silently stop the whole loop from vectorizing.
-  Bit casts go through ``memcpy``.  The only memory read is ``zyx_sinf``/``zyx_cosf``/``zyx_tanf``'s
-  read-only table of 2/pi (a gather in the vector loop).  ``zyx_sqrtf`` cannot be ``__builtin_sqrtf``:
-  with ``-fmath-errno`` (the default) GCC keeps a call to ``sqrtf`` for the errno path and the loop does
-  not vectorize, not even under ``optimize("no-math-errno")``; it is therefore a Newton iteration.
+  functions are ``static inline`` and always inlined, make no calls (no libm, no errno), read no memory,
+  keep no state, and have no branches on data.  Every data-dependent choice is a select done with bit
+  masks (``zyx__sel64``/``zyx__sel32``): GCC 12 turns plain ``c ? k : v`` ternaries with a constant arm
+  into control flow that its if-conversion then refuses (the FP operations it sinks into the arms "could
+  trap" under the default ``-ftrapping-math``), which silently stops the whole loop from vectorizing.
+  Bit casts go through ``memcpy``.  ``zyx_sqrtf`` cannot be ``__builtin_sqrtf``: with ``-fmath-errno``
+  (the default) GCC keeps a call to ``sqrtf`` for the errno path and the loop does not vectorize, not even
+  under ``optimize("no-math-errno")``; it is a Newton iteration instead.
   ``tests/kernel/test_c_math.py`` checks with ``-fopt-info-vec-optimized`` that every float32 loop
   vectorizes.  Verified with GCC 12 for ``-march=native`` (AVX-512 here), ``x86-64-v2``, ``x86-64-v3``,
-  ``haswell``, ``znver2``, ``znver3``, at ``-O2`` and ``-O3``, ``-std=c99/c11/gnu11`` (no warnings under
-  ``-Wall -Wextra -pedantic``); the table index is 64-bit so that GCC emulates the gather where its
-  tuning forbids a gather instruction.  Baseline ``-march=x86-64`` (SSE2) leaves exp/exp2/tanh/erf scalar.
-  The double-precision arithmetic inside runs at half the float32 vector width.
+  ``haswell``, ``skylake-avx512``, ``znver2``, ``znver3``, at ``-O2`` and ``-O3`` and with
+  ``-std=c99/c11/gnu11`` (no warnings under ``-Wall -Wextra -pedantic``).  Baseline ``-march=x86-64``
+  (SSE2, no 64-bit lane compares) leaves sin/cos/tan/erf scalar.
 
-* Accuracy.  Each function works in double precision internally (range reductions exact or with errors
-  far below 2**-40 relative, polynomial approximations with relative error below 5e-12, constant term
-  exact) and rounds once to float at the end.  Checked exhaustively over all 2**32 float32 inputs
-  against NumPy's float64 result (scipy's erf) rounded to float32: every function is within 1 ulp
-  (max error 0.5001 ulp against the unrounded float64 value) and differs from the rounded reference on
-  at most 1556 of the 4.3e9 inputs (sqrt: none), denormal inputs and outputs included.
-  ``zyx_sinf``/``zyx_cosf``/``zyx_tanf`` reduce the argument Payne-Hanek style (x*2/pi mod 4 from a
-  per-exponent table of 2/pi, exact in double), so the bound holds for every finite float up to 3.4e38,
-  not only for |x| <= 1e5.
+* Arithmetic.  exp, exp2, log, log2, tanh, sqrt and the polynomials of sin/cos run in float (full vector
+  width).  The sin/cos/tan argument reduction, log2's last step without FMA, tan and erf run in double
+  (half width) where float cannot reach 1 ulp cheaply.  Where the target has FMA (``__FP_FAST_FMA``,
+  ``__FP_FAST_FMAF``: every x86-64-v3 / AVX2-era CPU and aarch64) it is used explicitly via
+  ``__builtin_fma[f]``, so results do not depend on ``-ffp-contract``; without FMA a slower or shorter-range
+  variant is compiled (see below).
+
+* Accuracy, checked exhaustively over all 2**32 float32 inputs (GCC 12, -march=native with FMA) against
+  NumPy's float64 result (scipy's erf) rounded to float32: every function is within 1 ulp of the rounded
+  reference, denormal inputs and outputs included; sqrt is correctly rounded.  Max error against the
+  unrounded float64 value, in ulp: exp 1.08, exp2 0.91, log 0.84, log2 1.18, sin 1.17, cos 1.17 (for
+  |x| < 2**44), tan 0.50, tanh 1.33, erf 0.50, sqrt 0.50.
+  sin/cos/tan use a Cody-Waite reduction in double with pi/2 in 25+26+53 bits.  With FMA it is accurate for
+  |x| < 2**44 (1.8e13), so the bound holds there (float32 spacing is 2**21 at 2**44); without FMA it holds
+  for |x| < 2**27*pi/2 (2.1e8), and the absolute error grows like |x|*1e-16 above.  Beyond the limit the
+  result is meaningless but bounded (|sin|, |cos| <= 1, never nan).  (A Payne-Hanek table reduction
+  exact up to 3.4e38 was tried: its three gathers per element made sin 3x slower.)
 
 * Special values follow NumPy's float32 functions: exp(-inf)=0, exp(inf)=inf, overflow -> inf,
-  underflow -> the correctly rounded denormal or 0 (no flush to zero); log(0)=-inf, log(x<0)=nan,
-  log(inf)=inf; sin/cos/tan(+-inf)=nan; tanh(+-inf)=+-1; erf(+-inf)=+-1; sqrt(x<0)=nan,
-  sqrt(inf)=inf, sqrt(-0)=-0; nan in -> nan out everywhere; odd functions keep the sign of zero.
+  underflow -> the rounded denormal or 0 (no flush to zero); log(0)=-inf, log(x<0)=nan, log(inf)=inf;
+  sin/cos/tan(+-inf)=nan; tanh(+-inf)=+-1; erf(+-inf)=+-1; sqrt(x<0)=nan, sqrt(inf)=inf, sqrt(-0)=-0;
+  nan in -> nan out everywhere; odd functions keep the sign of zero.
 
 float64 (``zyx_exp zyx_exp2 zyx_log zyx_log2 zyx_sin zyx_cos zyx_tan zyx_tanh zyx_erf zyx_sqrt``,
 all ``double f(double)``) call glibc's libm (correctly rounded or within 1 ulp, libm's special values);
 loops over them do not vectorize.  libm is already loaded in every Python process, so a kernel
 ``.so`` needs no ``-lm`` to load; link with ``-lm`` anyway when building a stand-alone binary.
 
-The prelude refuses ``-ffast-math`` (``#error``): the rounding trick ``(t + 1.5*2**52) - 1.5*2**52``
-and the NaN tests need IEEE semantics.  It is correct with and without FMA contraction.
+The prelude refuses ``-ffast-math`` (``#error``): the rounding trick ``(t + 1.5*2**23) - 1.5*2**23``
+and the NaN tests need IEEE semantics.
 """
 
 from __future__ import annotations
 
 __all__ = ["C_MATH_FUNCTIONS", "C_MATH_PRELUDE"]
-
-
-def _two_over_pi_fixed(bits: int) -> int:
-    """floor(2/pi * 2**bits) (to within one unit), from Machin's formula in integer arithmetic."""
-    guard = 64
-    one = 1 << (bits + guard)
-
-    def arctan_inv(n: int) -> int:  # arctan(1/n) * one
-        power = one // n
-        total = power
-        n2 = n * n
-        k = 1
-        while power:
-            power //= n2
-            term = power // (2 * k + 1)
-            total += -term if k % 2 else term
-            k += 1
-        return total
-
-    pi = 16 * arctan_inv(5) - 4 * arctan_inv(239)
-    return (2 * one << bits) // pi
-
-
-# Table for the argument reduction of sin/cos/tan.  A float |x| >= 0.5 is M * 2**E with M an integer,
-# |M| < 2**24, E = (biased exponent) - 150 in [-24, 104].  Then x*2/pi mod 4 = M * (2**E*2/pi mod 4);
-# the table holds c_E = 2**E*2/pi mod 4 split as hi + mid + lo: hi a multiple of 2**-27 (29 bits, so M*hi
-# is exact in double), mid a multiple of 2**-53 below 2**-27 (26 bits, so M*mid and the sum of the
-# reduced parts are exact), lo the remainder rounded to double.
-_TABLE_E_MIN, _TABLE_E_MAX = -24, 104
-
-
-def _reduction_table() -> list[float]:
-    p = 400
-    two_over_pi = _two_over_pi_fixed(p)
-    out: list[float] = []
-    for e in range(_TABLE_E_MIN, _TABLE_E_MAX + 1):
-        v = (two_over_pi << e) % (4 << p) if e >= 0 else two_over_pi >> -e  # c_E * 2**p
-        hi = v >> (p - 27)
-        rest = v - (hi << (p - 27))
-        mid = rest >> (p - 53)
-        lo = rest - (mid << (p - 53))
-        out += [hi / (1 << 27), mid / (1 << 53), lo / (1 << p)]  # int / int is correctly rounded
-    return out
-
-
-def _hex(values: list[float]) -> str:
-    return ", ".join(float.hex(v) for v in values)
-
-
-def _table_source() -> str:
-    vals = _reduction_table()
-    rows = [_hex(vals[i : i + 3]) for i in range(0, len(vals), 3)]
-    return ",\n        ".join(rows)
 
 
 def _horner(var: str, coeffs: list[str]) -> str:
@@ -114,17 +67,28 @@ def _horner(var: str, coeffs: list[str]) -> str:
     return expr
 
 
-# Polynomial coefficients: near-minimax fits (Chebyshev interpolation, mpmath.chebyfit at 50 digits,
-# rounded to double) or Taylor coefficients where those are short enough.  The relative errors quoted
-# are those of the double-precision approximation before the final rounding to float.
-# 2**r = 1 + r*Q(r) on [-1/2, 1/2], Q of degree 7 (the constant term is exactly 1, so results near 1 round
-# correctly): 2.2e-12.
-_EXP2 = (
-    "0x1.62e42fef9cc69p-1 0x1.ebfbdff82a734p-3 0x1.c6b08da70cce3p-5 0x1.3b2ab70ad2565p-7 "
-    "0x1.5d877598350dep-10 0x1.4308c7183d6a2p-13 0x1.00c0e4e15189cp-16 0x1.63b2d7971923fp-20"
+# Polynomial coefficients: near-minimax fits (Chebyshev interpolation with mpmath.chebyfit at 40-50 digits,
+# rounded to float or double) or Taylor coefficients.  The relative errors quoted are those of the whole
+# approximation with the rounded coefficients, before the rounding errors of its evaluation.
+#
+# float32 arithmetic (16 lanes per AVX-512 vector):
+# exp(r) = 1 + (r + r*r*Q(r)), |r| <= ln(2)/2, Q of degree 4: 9.6e-9.
+_EXPF = "0x1p-1 0x1.5554dep-3 0x1.55551ap-5 0x1.120b62p-7 0x1.6d10fcp-10".split()
+# 2**r = 1 + r*Q(r), |r| <= 1/2, Q of degree 5: 9.2e-9.
+_EXP2F = "0x1.62e430p-1 0x1.ebfbe0p-3 0x1.c6af6cp-5 0x1.3b2a54p-7 0x1.5f0890p-10 0x1.44138ap-13".split()
+# log1p(f) = f + f*f*(f*R(f) - 1/2), f in [sqrt(1/2) - 1, sqrt(2) - 1], R of degree 8: 3.4e-9.
+_LOGF = (
+    "0x1.555554p-2 -0x1.fffffcp-3 0x1.999d5ap-3 -0x1.555b4ap-3 0x1.23d21ap-3 -0x1.fcf4c6p-4 0x1.dea282p-4 "
+    "-0x1.d635bcp-4 0x1.1d8ea6p-4"
 ).split()
-# log(m) = 2 atanh(s) = s * (2 + z*(2/3 + z*(2/5 + ...))), s = (m-1)/(m+1), z = s*s <= 0.0295 (Taylor): 1.3e-12.
-_LOG = [float.hex(2.0 / (2 * j + 1)) for j in range(7)]
+# sin(r) = r + r*z*S(z), z = r*r <= (pi/4)**2, S of degree 2: 1.3e-8.
+_SINF = "-0x1.555552p-3 0x1.110c28p-7 -0x1.9ac9b0p-13".split()
+# cos(r) = 1 + z*(-1/2 + z*C(z)), C of degree 2: 8.4e-10.
+_COSF = "0x1.555554p-5 -0x1.6c12d2p-10 0x1.9bd89cp-16".split()
+# tanh(x) = x + x*z*T(z), z = x*x, |x| < 0.625, T of degree 5: 4.2e-9.
+_TANHF = "-0x1.555556p-2 0x1.1110eap-3 -0x1.ba08c4p-5 0x1.64a976p-6 -0x1.116a16p-7 0x1.2c83c0p-9".split()
+#
+# double arithmetic (tan, erf):
 # sin(r) = r * (1 + z*S(z)), z = r*r <= (pi/4)**2, degree 4: 1.9e-14.
 _SIN = (
     "-0x1.555555555516bp-3 0x1.1111110fd3d43p-7 -0x1.a019fd9b35ee5p-13 0x1.71d9a9f41c5a9p-19 -0x1.aa285788aaa42p-26"
@@ -133,8 +97,11 @@ _SIN = (
 _COS = (
     "-0x1.fffffffffe697p-2 0x1.555555514f774p-5 -0x1.6c16bae5ef6d4p-10 0x1.a01298d866458p-16 -0x1.2474e1a97d143p-22"
 ).split()
-# tanh(x) = x * (1 + z*T(z)) for |x| < 1/16, degree 2: 1.6e-13.
-_TANH = "-0x1.55555554a29a7p-2 0x1.1110f7ee36effp-3 -0x1.b90f6097b8487p-5".split()
+# 2**r = 1 + r*Q(r) on [-1/2, 1/2], Q of degree 7: 2.2e-12.
+_EXP2 = (
+    "0x1.62e42fef9cc69p-1 0x1.ebfbdff82a734p-3 0x1.c6b08da70cce3p-5 0x1.3b2ab70ad2565p-7 "
+    "0x1.5d877598350dep-10 0x1.4308c7183d6a2p-13 0x1.00c0e4e15189cp-16 0x1.63b2d7971923fp-20"
+).split()
 # erf(x) = x * (2/sqrt(pi) + z*R(z)), z = x*x, for |x| < 1, R of degree 7: 3.8e-12.
 _ERF_SMALL = (
     "0x1.20dd750429b6dp+0 -0x1.812746b02839bp-2 0x1.ce2f2181773c0p-4 -0x1.b82cd8ee4fb48p-6 0x1.565a8630ca618p-8 "
@@ -145,6 +112,12 @@ _ERFCX = (
     "0x1.058671b52feeep-2 0x1.b57034efd7e9cp-1 0x1.eeea7dbc73a8ap-1 0x1.437f0b4cfdf26p-1 0x1.e947f2a1a448ep-5 "
     "-0x1.ca95704f47c12p-3 -0x1.bc7de4beb4d06p-5 0x1.013a0f41438a4p-3 0x1.a7ddfaab054e5p-7 -0x1.5dc271b0644a7p-4"
 ).split()
+
+
+def _f(coeffs: list[str]) -> list[str]:
+    """float literals"""
+    return [c + "f" for c in coeffs]
+
 
 _PRELUDE_TEMPLATE = r"""
 /* ---- zyx math prelude (zyx/kernel/c_math.py) ---- */
@@ -178,127 +151,166 @@ ZYX_MATH_FN float zyx__sel32(int c, float a, float b) {
 ZYX_MATH_FN double zyx__with_sign(double d, double s) {
     return zyx__as_f64((zyx__as_u64(d) & 0x7fffffffffffffffull) | (zyx__as_u64(s) & 0x8000000000000000ull));
 }
+/* 2**k for integer -126 <= k <= 127 */
+ZYX_MATH_FN float zyx__pow2i(int32_t k) { return zyx__as_f32((uint32_t)(k + 127) << 23); }
 
 /* (t + ZYX__RND) - ZYX__RND rounds |t| < 2**51 to an integer k, and the low bits of t + ZYX__RND
-   are k in two's complement. */
+   are k in two's complement; ZYX__RNDF does the same in float for |t| < 2**22. */
 #define ZYX__RND 0x1.8p52
+#define ZYX__RNDF 0x1.8p23f
+#define ZYX__FLT_MAX 0x1.fffffep127f
 
-/* 2**t for -1022 <= t <= 1023 (nan -> nan), relative error < 3e-12. */
-ZYX_MATH_FN double zyx__exp2_kernel(double t) {
-    double m = t + ZYX__RND;
-    double k = m - ZYX__RND;
-    double r = t - k; /* exact, |r| <= 1/2 */
-    double p = 1.0 + r * @EXP2_POLY@;
-    return p * zyx__as_f64((zyx__as_u64(m) + 1023u) << 52);
+/* ---- exp, exp2: float arithmetic ---- */
+
+/* p * 2**k for float k in [-160, 145] (integer valued, m = k + ZYX__RNDF): two exact-power scalings, so
+   the only rounding is the last product, which overflows to inf or rounds into the denormals. */
+ZYX_MATH_FN float zyx__scalef(float p, float m) {
+    int32_t k = (int32_t)(zyx__as_u32(m) - zyx__as_u32(ZYX__RNDF));
+    int32_t k1 = k >> 1;
+    return p * zyx__pow2i(k1) * zyx__pow2i(k - k1);
 }
 
-/* For a positive normal double x: returns log(m) and sets *k, with x = 2**k * m, m in [sqrt(1/2), sqrt(2)). */
-ZYX_MATH_FN double zyx__log_kernel(double x, double *k) {
-    uint64_t u = zyx__as_u64(x);
-    uint64_t d = u - 0x3fe6a09e667f3bcdull; /* bits of sqrt(1/2) */
-    /* floor(d / 2**52) + 2048 without a 64-bit arithmetic shift, converted exactly through 2**52 */
-    uint64_t kb = (d + 0x8000000000000000ull) >> 52;
-    *k = zyx__as_f64(0x4330000000000000ull | kb) - (0x1p52 + 2048.0);
-    double m = zyx__as_f64(u - (d & 0xfff0000000000000ull));
-    double f = m - 1.0; /* exact */
-    double s = f / (2.0 + f);
-    double z = s * s;
-    return s * @LOG_POLY@;
-}
-
-/* x (finite float) = n*pi/2 + r, |r| <= pi/4; returns r, *n gets n mod 4 in its low two bits. */
-ZYX_MATH_FN double zyx__reduce_pio2(float x, uint64_t *n) {
-    static const double c[3 * @TABLE_LEN@] = {
-        @TABLE@
-    };
-    int be = (int)((zyx__as_u32(x) >> 23) & 0xffu);
-    int e = be < 126 ? 126 : be;
-    e = e > 254 ? 254 : e;
-    int64_t i = 3 * (int64_t)(e - 126); /* 64-bit: lets GCC emulate the gather where it will not use one */
-    double xd = (double)x;
-    double mi = xd * zyx__as_f64((uint64_t)(1023 + 150 - e) << 52); /* x / 2**E: an integer, |mi| < 2**24 */
-    double p1 = mi * c[i]; /* exact */
-    double m1 = p1 + ZYX__RND;
-    double f1 = p1 - (m1 - ZYX__RND); /* exact, |f1| <= 1/2 */
-    double p2 = f1 + mi * c[i + 1];       /* exact */
-    double m2 = p2 + ZYX__RND;
-    double f2 = p2 - (m2 - ZYX__RND);
-    double p3 = f2 + mi * c[i + 2];
-    double m3 = p3 + ZYX__RND;
-    double f3 = p3 - (m3 - ZYX__RND); /* x*2/pi minus an integer, |f3| <= 1/2 */
-    uint64_t big = (uint64_t)0 - (uint64_t)(be >= 126); /* |x| >= 0.5; below, r = x and n = 0 */
-    *n = (zyx__as_u64(m1) + zyx__as_u64(m2) + zyx__as_u64(m3)) & big;
-    return zyx__sel64(be >= 126, f3 * 0x1.921fb54442d18p+0, xd);
-}
-
-ZYX_MATH_FN double zyx__sin_poly(double r, double z) { return r * (1.0 + z * @SIN_POLY@); } /* sin(-0) = -0 */
-ZYX_MATH_FN double zyx__cos_poly(double z) { return 1.0 + z * @COS_POLY@; }
-
-/* sin(x + q*pi/2) */
-ZYX_MATH_FN float zyx__sin_quadrant(float x, uint64_t q) {
-    uint64_t n;
-    double r = zyx__reduce_pio2(x, &n);
-    n += q;
-    double z = r * r;
-    double v = zyx__sel64((int)(n & 1u), zyx__cos_poly(z), zyx__sin_poly(r, z));
-    v = zyx__as_f64(zyx__as_u64(v) ^ ((n & 2u) << 62));
-    return zyx__sel32(!(__builtin_fabsf(x) <= 0x1.fffffep127f), __builtin_nanf(""), (float)v);
-}
-
-ZYX_MATH_FN float zyx_sinf(float x) { return zyx__sin_quadrant(x, 0); }
-ZYX_MATH_FN float zyx_cosf(float x) { return zyx__sin_quadrant(x, 1); }
-
-ZYX_MATH_FN float zyx_tanf(float x) {
-    uint64_t n;
-    double r = zyx__reduce_pio2(x, &n);
-    double z = r * r;
-    double s = zyx__sin_poly(r, z), c = zyx__cos_poly(z);
-    int odd = (int)(n & 1u);
-    double v = zyx__sel64(odd, -c, s) / zyx__sel64(odd, s, c);
-    return zyx__sel32(!(__builtin_fabsf(x) <= 0x1.fffffep127f), __builtin_nanf(""), (float)v);
-}
-
-ZYX_MATH_FN float zyx_exp2f(float x) {
-    double t = (double)x;
-    t = zyx__sel64(t > 130.0, 130.0, t); /* 2**130 rounds to inf, 2**-160 to 0; nan stays */
-    t = zyx__sel64(t < -160.0, -160.0, t);
-    return (float)zyx__exp2_kernel(t);
+/* e**x for -110 <= x <= 100 (nan -> nan) */
+ZYX_MATH_FN float zyx__expf_kernel(float x) {
+    float m = x * 0x1.715476p+0f + ZYX__RNDF; /* log2(e) */
+    float k = m - ZYX__RNDF;
+    float r = x - k * 0x1.62ep-1f; /* exact: 13-bit high part of ln 2, |k| < 2**8 */
+    r = r - k * 0x1.0bfbe8p-15f;  /* ln 2 - 0x1.62ep-1 */
+    float p = 1.0f + (r + r * r * @EXPF_POLY@);
+    return zyx__scalef(p, m);
 }
 
 ZYX_MATH_FN float zyx_expf(float x) {
-    double t = (double)x * 0x1.71547652b82fep+0; /* log2(e) */
-    t = zyx__sel64(t > 130.0, 130.0, t);
-    t = zyx__sel64(t < -160.0, -160.0, t);
-    return (float)zyx__exp2_kernel(t);
+    x = zyx__sel32(x > 100.0f, 100.0f, x); /* e**100 overflows, e**-110 underflows; nan stays */
+    x = zyx__sel32(x < -110.0f, -110.0f, x);
+    return zyx__expf_kernel(x);
 }
 
-ZYX_MATH_FN float zyx__log_special(float x, float v) {
+ZYX_MATH_FN float zyx_exp2f(float x) {
+    x = zyx__sel32(x > 130.0f, 130.0f, x);
+    x = zyx__sel32(x < -160.0f, -160.0f, x);
+    float m = x + ZYX__RNDF;
+    float r = x - (m - ZYX__RNDF); /* exact, |r| <= 1/2 */
+    float p = 1.0f + r * @EXP2F_POLY@;
+    return zyx__scalef(p, m);
+}
+
+/* ---- log, log2: float arithmetic ---- */
+
+/* For finite x > 0 (denormals included): x = 2**k * (1 + f) with 1 + f in [sqrt(1/2), sqrt(2)).
+   Returns f; *k = k and *p = log1p(f) - f. */
+ZYX_MATH_FN float zyx__logf_parts(float x, float *k, float *p) {
+    int den = x < 0x1p-126f;
+    float xs = zyx__sel32(den, x * 0x1p23f, x); /* exact */
+    uint32_t ix = zyx__as_u32(xs) - 0x3f3504f3u; /* bits of sqrt(1/2) */
+    *k = (float)((int32_t)ix >> 23) - zyx__sel32(den, 23.0f, 0.0f);
+    float f = zyx__as_f32((ix & 0x007fffffu) + 0x3f3504f3u) - 1.0f; /* exact */
+    *p = f * f * (f * @LOGF_POLY@ - 0.5f);
+    return f;
+}
+
+ZYX_MATH_FN float zyx__logf_special(float x, float v) {
     v = zyx__sel32(x == 0.0f, -__builtin_inff(), v);
     v = zyx__sel32(x == __builtin_inff(), __builtin_inff(), v);
     return zyx__sel32(!(x >= 0.0f), __builtin_nanf(""), v); /* x < 0 or nan */
 }
 
 ZYX_MATH_FN float zyx_logf(float x) {
-    double k;
-    double lm = zyx__log_kernel((double)x, &k); /* float denormals are normal doubles */
-    return zyx__log_special(x, (float)(k * 0x1.62e42fefa39efp-1 + lm));
+    float k, p;
+    float f = zyx__logf_parts(x, &k, &p);
+    /* k * ln 2 as an exact high part (13 bits times |k| < 2**8) plus a correction */
+    return zyx__logf_special(x, k * 0x1.62ep-1f + (f + (p + k * 0x1.0bfbe8p-15f)));
 }
 
 ZYX_MATH_FN float zyx_log2f(float x) {
-    double k;
-    double lm = zyx__log_kernel((double)x, &k);
-    return zyx__log_special(x, (float)(k + lm * 0x1.71547652b82fep+0));
+    float k, p;
+    float f = zyx__logf_parts(x, &k, &p);
+#if defined(__FP_FAST_FMAF)
+    /* log2(e) * f as hi + lo exactly (FMA), then the small terms */
+    float hi = f * 0x1.715476p+0f;
+    float lo = __builtin_fmaf(f, 0x1.715476p+0f, -hi);
+    float v = k + (hi + (lo + (f * 0x1.4ae0c0p-26f + p * 0x1.715476p+0f))); /* log2(e) - 0x1.715476p+0 */
+#else
+    float v = (float)((double)k + ((double)f + (double)p) * 0x1.71547652b82fep+0);
+#endif
+    return zyx__logf_special(x, v);
+}
+
+/* ---- sin, cos, tan ---- */
+
+/* x = n*pi/2 + r, |r| <= pi/4 (up to rounding), n mod 4 in the low bits of *n.  Cody-Waite in double with
+   pi/2 split into 25 + 26 + 53 bits.  Without FMA it is exact for |x| < 2**27 * pi/2 (2.1e8), where k*P1
+   and k*P2 are exact products and the first two subtractions are exact.  With FMA (__FP_FAST_FMA) the
+   first two steps are exact for any |k| < 2**53 and the limit is the rounding of k = rint(x*2/pi): fine
+   for |x| < 2**44 (1.8e13).  Beyond that r is meaningless and only kept bounded. */
+#if defined(__FP_FAST_FMA)
+#define ZYX__FMA(a, b, c) __builtin_fma((a), (b), (c))
+#else
+#define ZYX__FMA(a, b, c) ((a) * (b) + (c))
+#endif
+ZYX_MATH_FN double zyx__reduce_pio2(float x, uint32_t *n) {
+    double xd = (double)x;
+    double m = ZYX__FMA(xd, 0x1.45f306dc9c883p-1, ZYX__RND); /* 2/pi */
+    double k = m - ZYX__RND;
+    double r = ZYX__FMA(-k, 0x1.921fb5p+0, xd);
+    r = ZYX__FMA(-k, 0x1.110b46p-26, r);
+    r = ZYX__FMA(-k, 0x1.1a62633145c07p-54, r);
+    *n = (uint32_t)zyx__as_u64(m);
+    return zyx__sel64(__builtin_fabs(r) <= 1.0, r, 0.5);
+}
+
+/* sin(x + q*pi/2): the reduced argument is split into floats r = rf + rl, the polynomials run in float */
+ZYX_MATH_FN float zyx__sinf_quadrant(float x, uint32_t q) {
+    uint32_t n;
+    double r = zyx__reduce_pio2(x, &n);
+    float rf = (float)r;
+    float rl = (float)(r - (double)rf);
+    float z = rf * rf;
+    float s = rf + (rf * z * @SINF_POLY@ + rl);
+    float c = 1.0f + (z * (-0.5f + z * @COSF_POLY@) - rf * rl);
+    n += q;
+    float v = zyx__sel32((int)(n & 1u), c, s);
+    v = zyx__as_f32(zyx__as_u32(v) ^ ((n & 2u) << 30)); /* negate in quadrants 2 and 3 */
+    return zyx__sel32(!(__builtin_fabsf(x) <= ZYX__FLT_MAX), __builtin_nanf(""), v);
+}
+
+ZYX_MATH_FN float zyx_sinf(float x) {
+    return zyx__sel32(__builtin_fabsf(x) < 0x1p-12f, x, zyx__sinf_quadrant(x, 0u)); /* keeps -0 */
+}
+ZYX_MATH_FN float zyx_cosf(float x) { return zyx__sinf_quadrant(x, 1u); }
+
+ZYX_MATH_FN double zyx__sin_poly(double r, double z) { return r * (1.0 + z * @SIN_POLY@); }
+ZYX_MATH_FN double zyx__cos_poly(double z) { return 1.0 + z * @COS_POLY@; }
+
+ZYX_MATH_FN float zyx_tanf(float x) {
+    uint32_t n;
+    double r = zyx__reduce_pio2(x, &n);
+    double z = r * r;
+    double s = zyx__sin_poly(r, z), c = zyx__cos_poly(z);
+    int odd = (int)(n & 1u);
+    double v = zyx__sel64(odd, -c, s) / zyx__sel64(odd, s, c); /* -cot in odd quadrants */
+    return zyx__sel32(!(__builtin_fabsf(x) <= ZYX__FLT_MAX), __builtin_nanf(""), (float)v);
+}
+
+/* ---- tanh: float arithmetic; erf: double arithmetic ---- */
+
+/* 2**t for -1022 <= t <= 1023 (nan -> nan), relative error < 3e-12. */
+ZYX_MATH_FN double zyx__exp2_kernel(double t) {
+    double m = t + ZYX__RND;
+    double r = t - (m - ZYX__RND); /* exact, |r| <= 1/2 */
+    double p = 1.0 + r * @EXP2_POLY@;
+    return p * zyx__as_f64((zyx__as_u64(m) + 1023u) << 52);
 }
 
 ZYX_MATH_FN float zyx_tanhf(float x) {
-    double xd = (double)x;
-    double a = __builtin_fabs(xd);
-    double z = xd * xd;
-    double small = xd * (1.0 + z * @TANH_POLY@); /* x * (...) keeps the sign of -0 */
-    double t = a * 0x1.71547652b82fep+1; /* 2*log2(e)*|x| */
-    t = zyx__sel64(t > 64.0, 64.0, t);
-    double big = 1.0 - 2.0 / (zyx__exp2_kernel(t) + 1.0);
-    return (float)zyx__sel64(a < 0.0625, small, zyx__with_sign(big, xd));
+    float a = __builtin_fabsf(x);
+    float z = x * x;
+    float small = x + x * z * @TANHF_POLY@;
+    small = zyx__sel32(a < 0x1p-12f, x, small); /* tanh(x) rounds to x; keeps -0 */
+    float e = zyx__expf_kernel(zyx__sel32(a > 10.0f, 20.0f, a + a)); /* tanh(10) rounds to 1; nan stays */
+    float big = 1.0f - 2.0f / (e + 1.0f);
+    big = zyx__as_f32(zyx__as_u32(big) | (zyx__as_u32(x) & 0x80000000u));
+    return zyx__sel32(a < 0.625f, small, big);
 }
 
 ZYX_MATH_FN float zyx_erff(float x) {
@@ -306,13 +318,33 @@ ZYX_MATH_FN float zyx_erff(float x) {
     double a = __builtin_fabs(xd);
     double z = xd * xd;
     double small = xd * @ERF_SMALL_POLY@;
-    double ac = zyx__sel64(a > 4.0, 4.0, a); /* erf(4) rounds to 1.0f */
+    double ac = zyx__sel64(a > 4.0, 4.0, a); /* erf(4) rounds to 1.0f; nan stays */
     double u = 1.0 / (1.0 + 0.5 * ac) - 0.5;
     double g = @ERFCX_POLY@;
     double big = 1.0 - g * zyx__exp2_kernel(-(ac * ac) * 0x1.71547652b82fep+0);
     return (float)zyx__sel64(a < 1.0, small, zyx__with_sign(big, xd));
 }
 
+/* ---- sqrt: Newton iteration (__builtin_sqrtf keeps an errno call and does not vectorize) ---- */
+
+#if defined(__FP_FAST_FMAF)
+/* float: rsqrt by Newton, then one correction with the exact residual x - s*s (FMA) */
+ZYX_MATH_FN float zyx_sqrtf(float x) {
+    int tiny = x < 0x1p-100f; /* denormals and tiny normals: scale by 2**100, exact */
+    float xs = zyx__sel32(tiny, x * 0x1p100f, x);
+    float h = 0.5f * xs;
+    float y = zyx__as_f32(0x5f37642eu - (zyx__as_u32(xs) >> 1)); /* 1/sqrt(xs) within 3.5% */
+    y = y * (1.5f - h * y * y);
+    y = y * (1.5f - h * y * y);
+    y = y * (1.5f - h * y * y);
+    float s = xs * y;
+    s = __builtin_fmaf(__builtin_fmaf(-s, s, xs), 0.5f * y, s);
+    float v = s * zyx__sel32(tiny, 0x1p-50f, 1.0f); /* exact */
+    v = zyx__sel32(x == __builtin_inff(), __builtin_inff(), v);
+    return zyx__sel32(x < 0.0f, __builtin_nanf(""), v);
+}
+#else
+/* double: four Newton steps for 1/sqrt, then (float)(d * y) */
 ZYX_MATH_FN float zyx_sqrtf(float x) {
     double d = (double)x;
     double h = 0.5 * d;
@@ -325,6 +357,9 @@ ZYX_MATH_FN float zyx_sqrtf(float x) {
     v = zyx__sel32(x == __builtin_inff(), __builtin_inff(), v);
     return zyx__sel32(x < 0.0f, __builtin_nanf(""), v);
 }
+#endif
+
+/* ---- float64: libm ---- */
 
 ZYX_MATH_FN double zyx_exp(double x) { return exp(x); }
 ZYX_MATH_FN double zyx_exp2(double x) { return exp2(x); }
@@ -344,18 +379,21 @@ ZYX_MATH_FN double zyx_sqrt(double x) { return sqrt(x); }
 
 def _build_prelude() -> str:
     subs = {
-        "@EXP2_POLY@": _horner("r", _EXP2),
-        "@LOG_POLY@": _horner("z", _LOG),
+        "@EXPF_POLY@": _horner("r", _f(_EXPF)),
+        "@EXP2F_POLY@": _horner("r", _f(_EXP2F)),
+        "@LOGF_POLY@": _horner("f", _f(_LOGF)),
+        "@SINF_POLY@": _horner("z", _f(_SINF)),
+        "@COSF_POLY@": _horner("z", _f(_COSF)),
         "@SIN_POLY@": _horner("z", _SIN),
         "@COS_POLY@": _horner("z", _COS),
-        "@TANH_POLY@": _horner("z", _TANH),
+        "@EXP2_POLY@": _horner("r", _EXP2),
+        "@TANHF_POLY@": _horner("z", _f(_TANHF)),
         "@ERF_SMALL_POLY@": _horner("z", _ERF_SMALL),
         "@ERFCX_POLY@": _horner("u", _ERFCX),
-        "@TABLE_LEN@": str(_TABLE_E_MAX - _TABLE_E_MIN + 1),
-        "@TABLE@": _table_source(),
     }
     src = _PRELUDE_TEMPLATE
     for key, value in subs.items():
+        assert key in src, key
         src = src.replace(key, value)
     return src
 

@@ -504,7 +504,8 @@ def substitute(e: Expr, mapping: dict[Expr, Expr], memo: dict | None = None) -> 
         return e
     srcs = tuple(substitute(s, mapping, memo) for s in e.srcs)
     if e.op is Ops.REDUCE:
-        rngs = tuple(substitute(r, mapping, memo) for r in e.arg[1])
+        # a range replaced by a constant (a loop of size 1 dropped) no longer loops
+        rngs = tuple(x for x in (substitute(r, mapping, memo) for r in e.arg[1]) if x.op is Ops.RANGE)
         out = reduce(e.arg[0], srcs[0], rngs, e.dtype)
     elif all(a is b for a, b in zip(srcs, e.srcs)):
         out = e

@@ -89,15 +89,21 @@ def linearize(k: Kernel) -> Block:
             if vectorized:
                 depth[vec] = base + len(loops)
             start = len(emitted)
+            # values of the vectorized range defined outside (in the output loop, rendered after the reduce)
+            # are not visible inside it: the reduce defines its own
+            hidden = [x for x in emitted if vec in x.ranges and id(x) in done] if vectorized else []
+            for x in hidden:
+                done.discard(id(x))
             emit(e.srcs[0])
             loops[-1].body.tail.append(e)  # the accumulate statement
             loops[-1].kind = "simd"
             if vectorized:
-                # values of the vectorized range defined inside the reduce are out of scope after it
+                # and the reduce's own are out of scope after it
                 block_of[vec], depth[vec] = saved
                 for x in emitted[start:]:
                     if vec in x.ranges:
                         done.discard(id(x))
+                done.update(id(x) for x in hidden)
             outer.stmts.append(Reduce(e, loops[0], split=k.split_reduce and outer is root,
                                       vec=vec if vectorized else None))
             return

@@ -225,6 +225,16 @@ class DiskPool(Pool):
         if n:
             dst[:] = src
 
+    def host_view(self, buffer: BufferId) -> np.ndarray:
+        """A read-only, zero-copy uint8 view of the buffer's bytes (pages are read when touched); the view
+        keeps the mapping alive. Counted in ``bytes_read`` like a copy."""
+        with self._lock:
+            f, off, n, _ = self._entry(buffer)
+            view = f.view(off, n)
+            self.bytes_read += n
+            self.reads += 1
+        return view
+
     def host_to_pool(self, src: memoryview, buffer: BufferId) -> None:
         raise BackendError(ErrorStatus.UNSUPPORTED, "the disk device is read-only: tensors loaded from files "
                            "cannot be written; save a new file with zyx.save(path, tensors)")

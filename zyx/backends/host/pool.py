@@ -31,7 +31,7 @@ class HostPool(Pool):
 
     def __init__(self, cache_limit: int = 1 << 30) -> None:
         self._lock = threading.Lock()
-        self._bufs: dict[int, list] = {}  # id -> [raw array, aligned view, refcount]
+        self._bufs: dict[int, list] = {}  # id -> [raw array (None: wrapped), aligned view, refcount, on_release]
         self._cache: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
         self._cached_bytes = 0
         self._next = 1
@@ -65,6 +65,23 @@ class HostPool(Pool):
         off = (-raw.ctypes.data) % ALIGN
         return raw, raw[off:off + size]
 
+    def wrap(self, memory: np.ndarray, on_release=None) -> BufferId:
+        """A buffer over memory this pool does not own (e.g. a mapped file), read-only by contract;
+        ``on_release`` runs when the count reaches zero. Never enters the cache."""
+        with self._lock:
+            bid = self._next
+            self._next += 1
+            self._bufs[bid] = [None, memory.reshape(-1).view(np.uint8), 1, on_release]
+            return bid
+
+    def import_buffer(self, src_pool: Pool, src: BufferId) -> BufferId | None:
+        """Zero-copy access to ``src`` when its pool can expose host memory (the disk pool's mappings)."""
+        view = getattr(src_pool, "host_view", None)
+        if view is None:
+            return None
+        src_pool.retain(src)
+        return self.wrap(view(src), lambda: src_pool.release(src))
+
     def retain(self, buffer: BufferId) -> None:
         with self._lock:
             self._bufs[buffer][2] += 1
@@ -77,6 +94,10 @@ class HostPool(Pool):
                 return
             del self._bufs[buffer]
             raw = b[0]
+            if raw is None:  # wrapped memory: hand it back to its owner
+                if len(b) > 3 and b[3] is not None:
+                    b[3]()
+                return
             size = raw.nbytes - ALIGN
             if self._cached_bytes + size <= self.cache_limit:
                 off = (-raw.ctypes.data) % ALIGN

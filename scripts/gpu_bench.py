@@ -1,0 +1,414 @@
+"""GPU benchmark of zyx beside PyTorch, measured in the same run (``scripts/gpu_check.sh`` runs it on the GPU machine).
+
+Cases (zyx timings are end to end as a user sees them: build the lazy graph, plan (cached after warm-up), run,
+synchronize; inputs are realized before timing; medians after warm-up):
+
+- matmul bf16 / f16 at 4096^3 and 8192^3, f32 with TF32 allowed (torch.backends.cuda.matmul.allow_tf32): TFLOP/s
+  and the ratio to ``torch.matmul``; the zyx schedule (cuDNN library node or generated kernel) is in the notes.
+- ``relu(a*b+c)*0.5 + exp(-abs(a))`` over 2^28 float32: GB/s (3 reads + 1 write) beside the measured
+  device-to-device copy bandwidth (zyx pool copy and ``torch.Tensor.copy_``) and torch eager.
+- softmax over the last axis of 8192 x 8192 float32: GB/s (1 read + 1 write) and the ratio to ``torch.softmax``.
+- tiny launches through the batched worker: 10,000 launches of a one-thread kernel, then one sync (launches/s);
+  beside it tiny zyx ops end to end (``(x + 1).realize()``) and torch ``add_`` calls per second.
+
+Every case has its own time limit and the run has a total budget; a failing case is recorded and the rest run.
+Writes ``OUTDIR/gpu_bench.json`` and prints a summary table last.
+
+    python scripts/gpu_bench.py --out OUTDIR                  # on a GPU machine
+    python scripts/gpu_bench.py --out /tmp/b --device host --smoke   # tiny sizes: exercises the code paths anywhere
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import platform
+import signal
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import zyx  # noqa: E402
+from zyx.backends.registry import registry  # noqa: E402
+
+
+@dataclass
+class Row:
+    case: str
+    unit: str
+    zyx: float | None = None
+    torch: float | None = None
+    refs: dict[str, float] = field(default_factory=dict)
+    note: str = ""
+    error: str = ""
+    seconds: float = 0.0
+
+    @property
+    def ratio(self) -> float | None:
+        """zyx / torch for throughputs (above 1: zyx is faster)."""
+        return self.zyx / self.torch if self.zyx and self.torch else None
+
+
+class CaseTimeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise ``CaseTimeout`` in the main thread after ``seconds`` (SIGALRM; POSIX)."""
+    if seconds <= 0 or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def handler(signum, frame):
+        raise CaseTimeout(f"over its {seconds:.0f} s limit")
+
+    old = signal.signal(signal.SIGALRM, handler)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def median_s(fn: Callable[[], object], sync: Callable[[], None], repeats: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    sync()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+class Env:
+    """Where the benchmark runs: the zyx device and, when importable, torch on the matching device."""
+
+    def __init__(self, device: str, smoke: bool) -> None:
+        self.device = device
+        self.smoke = smoke
+        self.placement = registry().get(device)
+        self.dev = self.placement.primary
+        self.is_cuda = device.startswith("cuda")
+        self.torch = None
+        self.tdev = None
+        try:
+            import torch
+
+            if self.is_cuda and torch.cuda.is_available():
+                self.torch, self.tdev = torch, "cuda"
+            elif not self.is_cuda:
+                self.torch, self.tdev = torch, "cpu"
+        except ImportError:
+            pass
+
+    def sync(self) -> None:
+        self.dev.sync()
+
+    def tsync(self) -> None:
+        if self.tdev == "cuda":
+            self.torch.cuda.synchronize()
+
+    def repeats(self, n: int) -> int:
+        return 2 if self.smoke else n
+
+    def tensor(self, arr: np.ndarray) -> zyx.Tensor:
+        return zyx.Tensor(arr, device=self.device).realize()
+
+    def ttensor(self, arr: np.ndarray):
+        t = self.torch
+        if arr.dtype.name == "bfloat16":
+            return t.from_numpy(arr.view(np.int16)).view(t.bfloat16).to(self.tdev)
+        return t.from_numpy(arr).to(self.tdev)
+
+
+def _schedule_note(*tensors: zyx.Tensor) -> str:
+    launches = zyx.debug.schedule(*tensors)
+    lib = [x.name for x in launches if x.kind == "library"]
+    gen = sum(1 for x in launches if x.kind == "generated")
+    return (f"library {', '.join(lib)}" if lib else "no library node") + f" + {gen} generated"
+
+
+def _random(shape: tuple[int, ...], dtype: str, seed: int = 0) -> np.ndarray:
+    x = np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return x.astype(ml_dtypes.bfloat16)
+    return x.astype(dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# cases
+
+
+def case_matmul(env: Env, dtype: str, n: int) -> Row:
+    if env.smoke:
+        n = n // 64
+    row = Row(f"matmul {dtype} {n}^3" + (" (TF32)" if dtype == "float32" else ""), "TFLOP/s")
+    a_np, b_np = _random((n, n), dtype, 0), _random((n, n), dtype, 1)
+    a, b = env.tensor(a_np), env.tensor(b_np)
+    flops = 2.0 * n**3
+    row.note = _schedule_note(a @ b)
+    reps = env.repeats(20 if n <= 4096 else 10)
+    row.zyx = flops / median_s(lambda: (a @ b).realize(), env.sync, reps) / 1e12
+    z = (a @ b).numpy().astype(np.float32)
+    if env.torch is not None:
+        t = env.torch
+        if dtype == "float32" and env.tdev == "cuda":
+            t.backends.cuda.matmul.allow_tf32 = True
+        ta, tb = env.ttensor(a_np), env.ttensor(b_np)
+        row.torch = flops / median_s(lambda: ta @ tb, env.tsync, reps) / 1e12
+        ref = (ta @ tb).float().cpu().numpy()
+        err = float(np.max(np.abs(z - ref)) / max(np.max(np.abs(ref)), 1e-30))
+        row.note += f"; max rel diff vs torch {err:.1e}"
+    return row
+
+
+def case_elementwise(env: Env) -> list[Row]:
+    n = 1 << (16 if env.smoke else 28)
+    x = np.random.default_rng(2).standard_normal(n, dtype=np.float32)
+    a = env.tensor(x)
+    b = (a * 0.7 + 0.1).realize()
+    c = (a * -1.3).realize()
+
+    def f(a, b, c):
+        return (a * b + c).relu() * 0.5 + (-a.abs()).exp()
+
+    ew = Row(f"relu(a*b+c)*0.5+exp(-|a|) 2^{n.bit_length() - 1} f32", "GB/s")
+    ew.note = _schedule_note(f(a, b, c))
+    reps = env.repeats(10)
+    ew.zyx = 16.0 * n / median_s(lambda: f(a, b, c).realize(), env.sync, reps) / 1e9
+    y = f(a, b, c).numpy()
+    k = min(n, 1 << 20)
+    xb, xc = x[:k] * np.float32(0.7) + np.float32(0.1), x[:k] * np.float32(-1.3)
+    want = np.maximum(x[:k] * xb + xc, 0) * 0.5 + np.exp(-np.abs(x[:k]))
+    ew.note += f"; max abs err vs NumPy {float(np.max(np.abs(y[:k] - want))):.1e}"
+
+    copy = Row(f"device copy 2^{n.bit_length() - 1} f32 (read+write)", "GB/s")
+    pool = env.placement.pool
+    src = a.cls.buffer.id
+    dst = pool.allocate(4 * n)
+    try:
+        copy.zyx = 8.0 * n / median_s(lambda: pool.pool_to_pool(pool, src, dst), env.sync, reps) / 1e9
+    finally:
+        pool.release(dst)
+    if env.torch is not None:
+        t = env.torch
+        ta, tb, tc = env.ttensor(x), None, None
+        tb, tc = ta * 0.7 + 0.1, ta * -1.3
+        tout = t.empty_like(ta)
+        copy.torch = 8.0 * n / median_s(lambda: tout.copy_(ta), env.tsync, reps) / 1e9
+        ew.torch = 16.0 * n / median_s(lambda: t.relu(ta * tb + tc) * 0.5 + t.exp(-t.abs(ta)), env.tsync,
+                                       reps) / 1e9
+    best_copy = max(v for v in (copy.zyx, copy.torch) if v)
+    ew.refs["copy_GBps"] = best_copy
+    ew.note += f"; {100 * ew.zyx / best_copy:.0f}% of the measured copy bandwidth"
+    return [ew, copy]
+
+
+def case_softmax(env: Env) -> Row:
+    n = 256 if env.smoke else 8192
+    row = Row(f"softmax {n}x{n} f32 (last axis)", "GB/s")
+    x_np = _random((n, n), "float32", 3)
+    x = env.tensor(x_np)
+    row.note = _schedule_note(x.softmax(-1))
+    reps = env.repeats(10)
+    nbytes = 2.0 * 4 * n * n
+    row.zyx = nbytes / median_s(lambda: x.softmax(-1).realize(), env.sync, reps) / 1e9
+    got = x.softmax(-1).numpy()[:64].astype(np.float64)
+    e = np.exp(x_np[:64] - x_np[:64].max(-1, keepdims=True))
+    row.note += f"; max abs err vs NumPy {float(np.max(np.abs(got - e / e.sum(-1, keepdims=True)))):.1e}"
+    if env.torch is not None:
+        tx = env.ttensor(x_np)
+        row.torch = nbytes / median_s(lambda: env.torch.softmax(tx, -1), env.tsync, reps) / 1e9
+    return row
+
+
+TINY = r"""
+extern "C" __global__ void zyx_bench_tiny(float* out) {
+  if (threadIdx.x == 0) out[0] += 1.0f;
+}
+"""
+
+
+def case_tiny(env: Env) -> list[Row]:
+    rows = []
+    n = 200 if env.smoke else 10_000
+    if env.is_cuda:
+        from zyx.backends.cuda.worker import KernelSpec
+
+        dev = env.dev
+        pid = dev.compile_source(TINY, KernelSpec("zyx_bench_tiny", (1, 1, 1), (32, 1, 1), 0, ("out",), (None,)))
+        pool = env.placement.pool
+        buf = pool.allocate(4)
+        pool.host_to_pool(memoryview(np.zeros(1, np.float32).view(np.uint8)), buf)
+        args = [buf]
+        dev.launch(pid, args)
+        dev.sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            dev.launch(pid, args)
+        dev.sync()
+        row = Row(f"{n} tiny launches, one sync", "launches/s", zyx=n / (time.perf_counter() - t0))
+        out = np.empty(1, np.float32)
+        pool.pool_to_host(buf, memoryview(out.view(np.uint8)))
+        row.note = f"counter {out[0]:.0f} (want {n + 1}): every launch ran in order through the window"
+        pool.release(buf)
+        dev.release(pid)
+        rows.append(row)
+    ops = 100 if env.smoke else 2000
+    x = env.tensor(np.zeros(16, np.float32))
+    row = Row(f"tiny zyx ops end to end ((x+1).realize() x{ops})", "ops/s")
+
+    def many():
+        y = x
+        for _ in range(ops):
+            y = (y + 1).realize()
+        return y
+
+    many()
+    env.sync()
+    t0 = time.perf_counter()
+    y = many()
+    env.sync()
+    row.zyx = ops / (time.perf_counter() - t0)
+    row.note = f"result {float(y.numpy()[0]):.0f} (want {ops})"
+    if env.torch is not None:
+        tx = env.ttensor(np.zeros(16, np.float32))
+
+        def tmany():
+            for _ in range(ops):
+                tx.add_(1)
+
+        tmany()
+        env.tsync()
+        t0 = time.perf_counter()
+        tmany()
+        env.tsync()
+        row.torch = ops / (time.perf_counter() - t0)
+    rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# driver
+
+
+def cases(env: Env) -> list[tuple[str, Callable[[], Row | list[Row]], float]]:
+    """(name, run, time limit in seconds)."""
+    out: list[tuple[str, Callable[[], Row | list[Row]], float]] = []
+
+    def matmul(dtype: str, n: int) -> None:
+        out.append((f"matmul {dtype} {n}", lambda: case_matmul(env, dtype, n), 30))
+
+    # one case of every kind first, so a short budget still covers them all
+    for dtype in ("bfloat16", "float16", "float32"):
+        matmul(dtype, 8192)
+    out.append(("elementwise", lambda: case_elementwise(env), 45))
+    out.append(("softmax", lambda: case_softmax(env), 30))
+    out.append(("tiny launches", lambda: case_tiny(env), 30))
+    for dtype in ("bfloat16", "float16", "float32"):
+        matmul(dtype, 4096)
+    return out
+
+
+def fmt(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.0f}" if v >= 1000 else f"{v:.3g}" if v < 10 else f"{v:.1f}"
+
+
+def table(rows: list[Row]) -> str:
+    head = ("case", "unit", "zyx", "torch", "zyx/torch", "note")
+    body = [(r.case, r.unit, fmt(r.zyx), fmt(r.torch), f"{r.ratio:.2f}" if r.ratio else "-",
+             ("ERROR: " + r.error) if r.error else r.note) for r in rows]
+    widths = [max(len(x[i]) for x in [head, *body]) for i in range(5)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head[:5], widths)) + "  " + head[5]]
+    lines.append("-" * (sum(widths) + 10 + 40))
+    for b in body:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(b[:5], widths)) + "  " + b[5])
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="folder for gpu_bench.json")
+    ap.add_argument("--device", default="cuda", help="zyx device (default cuda)")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, 2 repeats: checks the code paths only")
+    ap.add_argument("--budget-s", type=float, default=240.0, help="total time budget; later cases are skipped")
+    ap.add_argument("--only", default="", help="comma list of case name prefixes to run")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    report: dict = {"device": args.device, "smoke": args.smoke, "python": platform.python_version(),
+                    "backends": registry().report(), "rows": []}
+    rows: list[Row] = []
+    try:
+        env = Env(args.device, args.smoke)
+    except Exception as e:  # noqa: BLE001 - no GPU here: say so in the JSON and the table
+        report["error"] = f"{type(e).__name__}: {e}"
+        (out / "gpu_bench.json").write_text(json.dumps(report, indent=2))
+        print(f"gpu_bench: {args.device} unavailable: {e}")
+        return 2
+    info = env.dev.info()
+    report["device_info"] = {"name": info.extra.get("device_name", info.name), "compute_units": info.compute_units,
+                             "memory_gbps_estimate": info.memory_gbps}
+    report["torch"] = getattr(env.torch, "__version__", None)
+    only = [s.strip() for s in args.only.split(",") if s.strip()]
+    for name, run, limit in cases(env):
+        if only and not any(name.startswith(p) for p in only):
+            continue
+        left = args.budget_s - (time.perf_counter() - started)
+        if left < 5:
+            rows.append(Row(name, "", error="skipped: total budget spent"))
+            continue
+        t0 = time.perf_counter()
+        print(f"[gpu_bench] {name} ...", flush=True)
+        stop = False
+        try:
+            with time_limit(min(limit, left)):
+                got = run()
+            new = got if isinstance(got, list) else [got]
+        except KeyboardInterrupt:  # the caller's time limit (gpu_check.sh sends SIGINT): report what we have
+            new, stop = [Row(name, "", error="interrupted")], True
+        except Exception as e:  # noqa: BLE001 - record and go on with the next case
+            traceback.print_exc()
+            new = [Row(name, "", error=f"{type(e).__name__}: {e}"[:300])]
+        for r in new:
+            r.seconds = round(time.perf_counter() - t0, 2)
+        rows.extend(new)
+        gc.collect()
+        try:
+            env.sync()
+        except Exception as e:  # noqa: BLE001 - a failed case may leave an error behind
+            print(f"[gpu_bench] sync after {name}: {e}", flush=True)
+        (out / "gpu_bench.json").write_text(json.dumps({**report, "rows": [asdict(r) | {"ratio": r.ratio}
+                                                                             for r in rows]}, indent=2))
+        if stop:
+            break
+    report["rows"] = [asdict(r) | {"ratio": r.ratio} for r in rows]
+    report["seconds"] = round(time.perf_counter() - started, 1)
+    (out / "gpu_bench.json").write_text(json.dumps(report, indent=2))
+    print(f"\nzyx {args.device} ({report['device_info']['name']}) beside torch {report['torch'] or 'n/a'}, "
+          f"{report['seconds']} s; JSON: {out / 'gpu_bench.json'}")
+    print(table(rows))
+    return 1 if any(r.error for r in rows) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,292 @@
+"""cuDNN matmul library node of the CUDA device (nvidia-cudnn-frontend's ``cudnn.pygraph``).
+
+``CudnnMatmul.match_graph`` offers, for every ``graph.matmuls()`` match placed on its device with float32, float16 or
+bfloat16 inputs, a ``LibraryKernel`` running a cuDNN graph built for exactly that problem. Invariants:
+
+- The cuDNN graph has three tensors with the exact dims ``A [B, M, K]``, ``B [B, K, N]``, ``C [B, M, N]`` and the
+  strides of the match (transposed operands are expressed by strides, an operand broadcast over the batch has batch
+  extent 1); several batch axes are merged into one when their strides allow, otherwise cuDNN is not offered.
+  Inputs keep their own dtype (a half input widened to float32 stays half for cuDNN, which computes in float32); the
+  output has the class's dtype. Plans are cached by ``MatmulSpec`` (shapes, strides, offsets, dtypes).
+- The alternative's inputs are the operands' *base* classes; the launch arguments are their buffers (materialized
+  contiguously by the scheduler) and the output buffer. Operand offsets into the bases are byte offsets added to
+  the pointers (rejected unless 16-byte aligned).
+- Plans are built and run on the GPU's worker thread (the primary context is current there), with one cuDNN handle
+  per stream (``cudnn.set_stream``) and a per-stream workspace from the worker's allocator; execution runs on the
+  stream the worker's assignment chose, so it is ordered with generated kernels like any launch.
+- Whatever cuDNN cannot run (odd strides, unsupported dtype, ``check_support`` failing, no cuDNN library) adds no
+  alternative: the generated kernel runs; the reason is logged under ``ZYX_DEBUG=sched``.
+- ``describe`` builds the graph description only (no ``validate()``), which works without a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from zyx.backends.base import BackendError, ErrorStatus
+from zyx.graph.node import LibraryKernel
+from zyx.utils import log
+
+CUDNN_TYPES = {"float32": "FLOAT", "float16": "HALF", "bfloat16": "BFLOAT16"}
+SHORT = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+EFFICIENCY = 0.6  # fraction of the dtype's tensor-core peak assumed for cuDNN matmuls
+LAUNCH_OVERHEAD_NS = 8_000  # a cuDNN execute through the worker (host side dominates for small problems)
+ALIGN_BYTES = 16
+
+
+class CudnnUnsupported(Exception):
+    """cuDNN cannot run this matmul (the generated kernel will)."""
+
+
+class CudnnUnavailable(Exception):
+    """cuDNN cannot be used at all on this device (library missing or failing to start)."""
+
+
+def _cudnn():
+    try:
+        import cudnn
+    except ImportError as e:
+        raise CudnnUnavailable(f"nvidia-cudnn-frontend not installed ({e}): pip install 'zyx[cuda]'") from None
+    return cudnn
+
+
+@dataclass(frozen=True)
+class MatmulSpec:
+    """One cuDNN matmul problem: dims and strides (elements) of A, B, C, dtypes, byte offsets of A and B."""
+
+    in_dtype: str
+    out_dtype: str
+    a_dims: tuple[int, int, int]
+    a_strides: tuple[int, int, int]
+    b_dims: tuple[int, int, int]
+    b_strides: tuple[int, int, int]
+    c_dims: tuple[int, int, int]
+    c_strides: tuple[int, int, int]
+    a_offset: int = 0
+    b_offset: int = 0
+
+    @property
+    def name(self) -> str:
+        b, m, n = self.c_dims
+        k = self.a_dims[2]
+        layout = "".join("N" if s[2] == 1 else "T" for s in (self.a_strides, self.b_strides))
+        dt = SHORT[self.in_dtype] + ("" if self.out_dtype == self.in_dtype else "_" + SHORT[self.out_dtype])
+        return f"cudnn_matmul_{dt}_{layout}_{b}x{m}x{n}x{k}"
+
+    @property
+    def flops(self) -> int:
+        b, m, n = self.c_dims
+        return 2 * b * m * n * self.a_dims[2]
+
+
+def _merge_batch(batch: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, int] | None:
+    """(extent, stride) of the batch axes merged into one; extent 1 for an operand broadcast over all of them."""
+    dims = [(n, s) for n, s in zip(batch, strides) if n != 1]
+    if not dims or all(s == 0 for _, s in dims):
+        return 1, 0
+    if any(s == 0 for _, s in dims):
+        return None  # broadcast over some batch axes only
+    for (_, s0), (n1, s1) in zip(dims, dims[1:]):
+        if s0 != s1 * n1:
+            return None
+    return math.prod(n for n, _ in dims), dims[-1][1]
+
+
+def _matrix(rows: int, cols: int, rs: int, cs: int) -> tuple[int, int] | None:
+    """Canonical (row stride, col stride) of a rows x cols matrix that is row- or column-major, else None."""
+    if rows == 1 and cols == 1:
+        return 1, 1
+    if rows == 1:
+        return (cols, 1) if cs == 1 else ((1, cs) if cs >= 1 else None)
+    if cols == 1:
+        return (1, rows) if rs == 1 else ((rs, 1) if rs >= 1 else None)
+    if cs == 1 and rs >= cols:
+        return rs, 1
+    if rs == 1 and cs >= rows:
+        return 1, cs
+    return None
+
+
+def _packed_batch_stride(rows: int, cols: int, strides: tuple[int, int]) -> int:
+    rs, cs = strides
+    return rows * rs if cs == 1 else cols * cs
+
+
+def matmul_spec(mm: Any) -> MatmulSpec | str:
+    """The cuDNN problem for a ``zyx.graph.match.Matmul``, or the reason cuDNN cannot run it."""
+    da, db = mm.a.view.base.dtype, mm.b.view.base.dtype
+    out = mm.acc_dtype
+    if da is not db:
+        return f"input dtypes differ ({da.name} x {db.name})"
+    if da.name not in CUDNN_TYPES:
+        return f"input dtype {da.name} (cuDNN matmul takes float32, float16, bfloat16)"
+    if out.name not in CUDNN_TYPES:
+        return f"output dtype {out.name}"
+    if min(mm.m, mm.n, mm.k) < 1:
+        return "empty matmul"
+    batch = math.prod(mm.batch)
+    merged = [_merge_batch(mm.batch, s) for s in (mm.a.batch_strides, mm.b.batch_strides, mm.out_batch_strides)]
+    if any(x is None for x in merged):
+        return f"batch axes {mm.batch} not expressible as one strided batch"
+    (ba, sba), (bb, sbb), (bc, sbc) = merged
+    if bc != batch:
+        return "output broadcast over the batch"
+    a = _matrix(mm.m, mm.k, mm.a.row_stride, mm.a.col_stride)
+    b = _matrix(mm.k, mm.n, mm.b.row_stride, mm.b.col_stride)
+    c = _matrix(mm.m, mm.n, mm.out_row_stride, mm.out_col_stride)
+    if a is None or b is None or c is None:
+        return "an operand is neither row- nor column-major (odd strides)"
+    size = da.itemsize
+    offsets = (mm.a.view.offset * size, mm.b.view.offset * size)
+    if any(o < 0 or o % ALIGN_BYTES for o in offsets):
+        return f"operand offsets {offsets} B are not {ALIGN_BYTES}-byte aligned"
+    if ba == 1:
+        sba = _packed_batch_stride(mm.m, mm.k, a)
+    if bb == 1:
+        sbb = _packed_batch_stride(mm.k, mm.n, b)
+    if bc == 1:
+        sbc = _packed_batch_stride(mm.m, mm.n, c)
+    return MatmulSpec(da.name, out.name, (ba, mm.m, mm.k), (sba, *a), (bb, mm.k, mm.n), (sbb, *b),
+                      (bc, mm.m, mm.n), (sbc, *c), offsets[0], offsets[1])
+
+
+def describe(spec: MatmulSpec, cudnn: Any = None, handle: Any = None) -> tuple[Any, tuple[Any, Any, Any]]:
+    """The cudnn-frontend graph of ``spec`` and its tensors (A, B, C), not yet validated (works without a GPU)."""
+    cudnn = cudnn or _cudnn()
+    dt = cudnn.data_type
+    io = getattr(dt, CUDNN_TYPES[spec.in_dtype])
+    g = cudnn.pygraph(name=spec.name, io_data_type=io, intermediate_data_type=dt.FLOAT, compute_data_type=dt.FLOAT,
+                      handle=handle)
+    a = g.tensor(name="A", dim=list(spec.a_dims), stride=list(spec.a_strides), data_type=io)
+    b = g.tensor(name="B", dim=list(spec.b_dims), stride=list(spec.b_strides), data_type=io)
+    c = g.matmul(a, b, compute_data_type=dt.FLOAT, name="matmul")
+    c.set_output(True).set_data_type(getattr(dt, CUDNN_TYPES[spec.out_dtype]))
+    c.set_dim(list(spec.c_dims)).set_stride(list(spec.c_strides))
+    return g, (a, b, c)
+
+
+def stream_handle(worker: Any, stream_index: int) -> Any:
+    """(worker thread) The cuDNN handle bound to stream ``stream_index`` of ``worker``, created on first use."""
+    handles = worker.library_state.setdefault("cudnn_handles", {})
+    h = handles.get(stream_index)
+    if h is None:
+        cudnn = _cudnn()
+        try:
+            h = cudnn.create_handle()
+            cudnn.set_stream(h, worker.stream(stream_index))
+        except Exception as e:  # noqa: BLE001 - the library is missing or cannot start: cuDNN is off
+            raise CudnnUnavailable(f"cuDNN handle creation failed: {type(e).__name__}: {e}") from None
+        handles[stream_index] = h
+    return h
+
+
+class CudnnPlan:
+    """A built cuDNN graph for one ``MatmulSpec``; a ``worker.LibraryProgram`` (arguments: A, B, C buffers)."""
+
+    kinds = ("in", "in", "out")
+
+    def __init__(self, spec: MatmulSpec, graph: Any, tensors: tuple[Any, Any, Any], workspace_bytes: int) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.graph = graph
+        self.uids = tuple(t.get_uid() for t in tensors)
+        self.workspace_bytes = workspace_bytes
+
+    def run(self, worker: Any, stream_index: int, pointers: tuple[int, ...]) -> None:
+        handle = stream_handle(worker, stream_index)
+        ws = worker.workspace(stream_index, self.workspace_bytes)
+        a, b, c = pointers
+        pack = {self.uids[0]: a + self.spec.a_offset, self.uids[1]: b + self.spec.b_offset, self.uids[2]: c}
+        self.graph.execute(pack, ws, handle=handle)
+
+
+def build_plan(worker: Any, spec: MatmulSpec) -> CudnnPlan:
+    """(worker thread) Validate and build the cuDNN plan of ``spec``; ``CudnnUnsupported`` when cuDNN declines."""
+    cudnn = _cudnn()
+    handle = stream_handle(worker, 0)
+    g, tensors = describe(spec, cudnn, handle)
+    try:
+        g.validate()
+        g.build_operation_graph()
+        g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        g.check_support()
+        g.build_plans()
+        ws = int(g.get_workspace_size())
+    except Exception as e:  # noqa: BLE001 - cudnnGraphNotSupportedError and friends: not offered
+        raise CudnnUnsupported(f"{type(e).__name__}: {e}") from None
+    return CudnnPlan(spec, g, tensors, ws)
+
+
+class CudnnMatmul:
+    """The ``match_graph`` half of a ``CudaDevice``: one cuDNN program per distinct ``MatmulSpec``."""
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+        self._programs: dict[MatmulSpec, int | None] = {}
+        self._lock = threading.Lock()
+        self.disabled: str | None = None
+
+    def estimate_ns(self, spec: MatmulSpec) -> float:
+        tflops = self.device.info().extra.get("tensor_tflops", {}).get(spec.in_dtype, 100.0)
+        return spec.flops / (EFFICIENCY * tflops * 1e3) + LAUNCH_OVERHEAD_NS
+
+    def program(self, spec: MatmulSpec) -> int | None:
+        """The program id of ``spec``'s plan (built on first use), or None when cuDNN declines it."""
+        with self._lock:
+            if spec in self._programs:
+                return self._programs[spec]
+            if self.disabled is not None:
+                return None
+            worker = self.device.worker
+            try:
+                plan = worker.call(build_plan, worker, spec)
+                pid = worker.register_library(plan)
+            except CudnnUnsupported as e:
+                log("sched", f"{self.device.name}: cuDNN declines {spec.name}: {e}; the generated kernel runs")
+                pid = None
+            except CudnnUnavailable as e:
+                self.disabled = str(e)
+                log("dev", f"{self.device.name}: cuDNN unavailable: {e}; matmuls use generated kernels")
+                log("sched", f"{self.device.name}: cuDNN unavailable: {e}")
+                return None
+            except BackendError as e:
+                log("sched", f"{self.device.name}: cuDNN plan for {spec.name} failed: {e.context}")
+                pid = None
+            if pid is not None:
+                self.device.register_library(pid, spec.name, CudnnPlan.kinds)
+            self._programs[spec] = pid
+            return pid
+
+    def forget(self, program: int) -> None:
+        """Drop a released program from the plan cache (the next match builds the plan again)."""
+        with self._lock:
+            for spec in [s for s, p in self._programs.items() if p == program]:
+                del self._programs[spec]
+
+    def match_graph(self, graph: Any, outputs: Any) -> None:
+        if self.disabled is not None:
+            return
+        for mm in graph.matmuls():
+            if mm.cls.device != self.device.name:
+                continue
+            spec = matmul_spec(mm)
+            if isinstance(spec, str):
+                log("sched", f"{self.device.name}: no cuDNN matmul for {mm.cls.shape} {mm.acc_dtype.name}: {spec}")
+                continue
+            pid = self.program(spec)
+            if pid is None:
+                continue
+            inputs = (mm.a.view.base, mm.b.view.base)
+            graph.add_alternative(mm.cls, LibraryKernel(self.device, pid, inputs, self.estimate_ns(spec), spec.name,
+                                                        spec))
+
+
+def ensure_available() -> None:
+    """Raise ``BackendError(INITIALIZATION)`` when the cuDNN frontend cannot be imported."""
+    try:
+        _cudnn()
+    except CudnnUnavailable as e:
+        raise BackendError(ErrorStatus.INITIALIZATION, str(e)) from None

@@ -1,0 +1,499 @@
+"""CUDA C renderer: a kernel annotated by ``zyx.kernel.gpu.optimize`` → one ``extern "C" __global__`` function.
+
+Shares the C-like base (``CStyleRenderer``): expressions, literals, per-op rounding, NaN-propagating max/min,
+reduce identities and updates are the host's, so both targets compute the same thing. What differs:
+
+- Frame: ``extern "C" __global__ void __launch_bounds__(threads) name(args)``, one argument per ``ir.Param``
+  in order: buffers as ``T* __restrict__`` (``const`` for inputs), scalar variables by value with their
+  register type. The launch geometry (``gpu.Geometry``) decides the loop structure; the renderer follows it.
+- float16 / bfloat16: stored as 16-bit patterns (``unsigned short``), computed in ``float`` registers and rounded
+  back after every op, exactly as on the host. The conversions are the hardware ``cvt.rn`` instructions via
+  inline PTX (what ``cuda_fp16.h`` / ``cuda_bf16.h`` emit) instead of including those headers, which would add
+  ~130 ms of NVRTC parsing to every kernel; bf16 rounding falls back to integer code below sm_80. Outside
+  device compilation (``__CUDA_ARCH__`` undefined) portable C++ versions are used.
+- Math: CUDA's accurate functions (``expf``, ``sinf``, ``erff``, ..., double versions for float64; never the
+  ``__expf`` intrinsics); NVRTC compiles without ``-use_fast_math`` (denormals kept, IEEE division and sqrt).
+  ``INFINITY`` / ``NAN`` are defined from bit patterns (NVRTC has no ``math.h``).
+- Index arithmetic: the IR computes indices in int64. An int64 value whose proven bounds (``vmin``/``vmax``) fit
+  in int32 (ranges, ``//``, ``%``, affine index math) is computed as ``int`` (32-bit division is far cheaper on
+  a GPU); it is widened with ``(long long)`` wherever it meets a wider operand, so no intermediate overflows.
+- Integer helpers (floor division, remainder, shifts, integer powers) are the host's, as
+  ``static __device__ __forceinline__`` functions, emitted only when used.
+- Float → integer casts of 8/16/32-bit and unsigned targets go through a wider signed integer so out-of-range
+  values wrap as on x86 (CUDA's ``cvt`` would saturate); int32/int64 targets of NaN or out-of-range values are
+  still the hardware's (saturating) result.
+
+Invariants: the rendered source depends only on the kernel and its geometry; static ``__shared__`` arrays (for
+cross-warp reduces) are declared at the top of the kernel, so ``CudaSource.shared_bytes`` (dynamic shared
+memory for the launch) is 0.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from zyx import dtypes
+from zyx.backends.base import DeviceInfo
+from zyx.dtypes import DType
+from zyx.kernel import gpu, ir
+from zyx.kernel.gpu import Geometry
+from zyx.kernel.ir import Expr, Kernel, Ops, Store
+from zyx.kernel.linearize import Block, Loop, Reduce, linearize
+from zyx.kernel.render import HALFS, CStyleRenderer, _int_helpers
+
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+FULL_MASK = "0xffffffffu"
+_WIDE_OPS = frozenset({Ops.LOAD, Ops.VAR, Ops.BITCAST, Ops.REDUCE})
+_NO_ARITH = frozenset({Ops.LOAD, Ops.CAST, Ops.BITCAST, Ops.VAR})
+_SHUFFLE_TYPES = frozenset({"float", "double", "int", "unsigned int", "long long", "unsigned long long"})
+
+
+@dataclass(frozen=True)
+class CudaSource:
+    """A rendered kernel and how to launch it.
+
+    ``param_kinds``: "in" / "out" / "var" per kernel argument, in order. ``param_types``: each argument's C type
+    (buffers are pointers; a "var" is passed by value: ``float`` for float16/bfloat16, ``bool`` is one byte).
+    ``shared_bytes`` is the dynamic shared memory to pass to ``cuLaunchKernel`` (static arrays live in the cubin).
+    The kernel is correct for any grid ``(x, 1, 1)`` with ``1 <= x <= grid[0]``; ``block`` is fixed.
+    """
+
+    name: str
+    source: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int
+    param_kinds: tuple[str, ...]
+    param_types: tuple[str, ...] = ()
+
+
+CUDA_PRELUDE = r"""#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+#ifndef NAN
+#define NAN __int_as_float(0x7fffffff)
+#endif
+#define ZYX_DEV static __device__ __forceinline__
+"""
+
+BITS_PRELUDE = r"""ZYX_DEV unsigned int zyx_f2u(float f) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(f);
+#else
+  unsigned int u; memcpy(&u, &f, 4); return u;
+#endif
+}
+ZYX_DEV float zyx_u2f(unsigned int u) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(u);
+#else
+  float f; memcpy(&f, &u, 4); return f;
+#endif
+}
+"""
+
+FLOAT16_PRELUDE = r"""ZYX_DEV float zyx_float16_to_f32(unsigned short h) {
+#ifdef __CUDA_ARCH__
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f;
+#else
+  unsigned int s = (unsigned int)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, u;
+  if (e == 0x1fu) u = s | 0x7f800000u | (m << 13);
+  else if (e != 0) u = s | ((e + 112u) << 23) | (m << 13);
+  else u = zyx_f2u((float)m * 5.9604644775390625e-08f) | s;
+  return zyx_u2f(u);
+#endif
+}
+ZYX_DEV unsigned short zyx_f32_to_float16(float f) {
+#ifdef __CUDA_ARCH__
+  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+#else
+  unsigned int u = zyx_f2u(f), s = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return (unsigned short)(s | 0x7e00u | ((a >> 13) & 0x3ffu));
+  if (a >= 0x477ff000u) return (unsigned short)(s | 0x7c00u);
+  if (a < 0x38800000u) { float v = zyx_u2f(a) * 16777216.0f; unsigned int q = (unsigned int)v;
+    float rem = v - (float)q; if (rem > 0.5f || (rem == 0.5f && (q & 1u))) q++; return (unsigned short)(s | q); }
+  unsigned int r = a - 0x38000000u; r += 0xfffu + ((r >> 13) & 1u); return (unsigned short)(s | (r >> 13));
+#endif
+}
+ZYX_DEV float zyx_round_float16(float f) { return zyx_float16_to_f32(zyx_f32_to_float16(f)); }
+"""
+
+BFLOAT16_PRELUDE = r"""ZYX_DEV float zyx_bfloat16_to_f32(unsigned short h) { return zyx_u2f((unsigned int)h << 16); }
+ZYX_DEV unsigned short zyx_f32_to_bfloat16(float f) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h;
+#else
+  unsigned int u = zyx_f2u(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u); return (unsigned short)(u >> 16);
+#endif
+}
+ZYX_DEV float zyx_round_bfloat16(float f) { return zyx_bfloat16_to_f32(zyx_f32_to_bfloat16(f)); }
+"""
+
+_HELPER_NAME = re.compile(r"\b(zyx_\w+)\(")
+
+
+def _device_int_helpers() -> dict[str, str]:
+    """The host's integer helpers as device functions, by name."""
+    out = {}
+    for line in _int_helpers().splitlines():
+        m = _HELPER_NAME.search(line)
+        if m:
+            out[m.group(1)] = line.replace("static inline ", "ZYX_DEV ", 1)
+    return out
+
+
+_INT_HELPERS = _device_int_helpers()
+
+
+def index_type(limit: int) -> str:
+    """C type for a non-negative index that stays at most ``limit``."""
+    return "int" if limit <= INT32_MAX else "long long"
+
+
+def range_name(r: Expr) -> str:
+    return f"r{r.arg[0]}"
+
+
+class CUDARenderer(CStyleRenderer):
+    """CUDA C for NVRTC; ``render`` takes a kernel that went through ``gpu.optimize``."""
+
+    restrict = "__restrict__"
+    math_fns: dict[tuple[str, str], str] = {}
+
+    # ---- types -----------------------------------------------------------------------------------------------
+    def reg_type(self, d: DType) -> str:
+        return "bool" if d is dtypes.bool_ else super().reg_type(d)
+
+    def is_narrow(self, e: Expr) -> bool:
+        """An int64 value provably within int32 (computed as ``int``)."""
+        return (e.dtype is ir.index_dtype and e.op not in _WIDE_OPS
+                and INT32_MIN <= e.vmin and e.vmax <= INT32_MAX)
+
+    def value_type(self, e: Expr) -> str:
+        return "int" if self.is_narrow(e) else self.reg_type(e.dtype)
+
+    def int_context(self, e: Expr) -> bool:
+        """Whether ``e`` may combine its narrow int64 operands in 32-bit arithmetic."""
+        if e.op in _NO_ARITH:
+            return True
+        wide = [s for s in e.srcs if s.dtype is ir.index_dtype]
+        return all(self.is_narrow(s) for s in wide) and (e.dtype is not ir.index_dtype or self.is_narrow(e))
+
+    # ---- expressions -----------------------------------------------------------------------------------------
+    def operand(self, x: Expr, name: dict[Expr, str], int_ctx: bool) -> str:
+        if x.op is Ops.CONST:
+            narrow_lit = int_ctx and x.dtype is ir.index_dtype and self.is_narrow(x)
+            return self.literal(x.arg, dtypes.int32 if narrow_lit else x.dtype)
+        s = range_name(x) if x.op is Ops.RANGE else name[x]
+        if not int_ctx and self.is_narrow(x):
+            s = f"(long long){s}"
+        return s
+
+    def expr(self, e: Expr, name: dict[Expr, str], params: tuple[ir.Param, ...]) -> str:
+        # The base's expr with int32-aware operands (see ``is_narrow``); alu/cast/rounding are the base's.
+        ctx = self.int_context(e)
+
+        def n(x: Expr) -> str:
+            return self.operand(x, name, ctx)
+
+        if e.op is Ops.LOAD:
+            s = self.from_storage(f"p{e.arg}[{n(e.srcs[0])}]", params[e.arg].dtype)
+            if len(e.srcs) > 1:
+                s = f"({n(e.srcs[1])} ? {s} : {self.literal(0, e.dtype)})"
+            return s
+        if e.op is Ops.VAR:
+            return f"a{e.arg}"
+        if e.op is Ops.CAST:
+            return self.cast(e, n(e.srcs[0]))
+        if e.op is Ops.BITCAST:
+            raise NotImplementedError("BITCAST is not rendered yet")
+        s = self.alu(e, [n(x) for x in e.srcs])
+        if e.dtype in HALFS and e.op not in ir.COMPARE:
+            s = self.round_half(s, e.dtype)
+        return s
+
+    def cast(self, e: Expr, a: str) -> str:
+        if self.is_narrow(e):
+            return f"(int)({a})"
+        return super().cast(e, a)
+
+    def float_to_int(self, a: str, sd: DType, d: DType) -> str:
+        t = self.reg_type(d)
+        if d is dtypes.uint64:
+            return f"(({a}) < 0 ? (unsigned long long)(long long)({a}) : (unsigned long long)({a}))"
+        if d.itemsize < 4:
+            return f"({t})(int)({a})"
+        if d is dtypes.uint32:
+            return f"({t})(long long)({a})"
+        return f"({t})({a})"
+
+    # ---- reductions ------------------------------------------------------------------------------------------
+    def combine(self, op: Ops, acc: str, other: str) -> str:
+        """Fold a partial accumulator into ``acc`` (NaN flags are combined separately)."""
+        if op in (Ops.MAX, Ops.MIN):
+            c = ">" if op is Ops.MAX else "<"
+            return f"{acc} = ({other} {c} {acc}) ? {other} : {acc};"
+        sym = {Ops.ADD: "+", Ops.MUL: "*", Ops.OR: "|", Ops.AND: "&"}[op]
+        return f"{acc} {sym}= {other};"
+
+    def shuffle_xor(self, t: str, x: str, offset: str) -> str:
+        if t in _SHUFFLE_TYPES:
+            return f"__shfl_xor_sync({FULL_MASK}, {x}, {offset})"
+        return f"({t})__shfl_xor_sync({FULL_MASK}, (int)({x}), {offset})"
+
+    # ---- kernel ----------------------------------------------------------------------------------------------
+    def param_decls(self, k: Kernel) -> list[tuple[str, str]]:
+        """(C type, name) per kernel argument."""
+        out = []
+        for i, p in enumerate(k.params):
+            if p.kind == "var":
+                out.append((f"const {self.reg_type(p.dtype)}", f"a{i}"))
+            else:
+                c = "const " if p.kind == "in" else ""
+                out.append((f"{c}{self.storage_type(p.dtype)}* {self.restrict}", f"p{i}"))
+        return out
+
+    def prelude(self, body: str) -> str:
+        parts = [CUDA_PRELUDE]
+        names = set(_HELPER_NAME.findall(body))
+        uses16 = bool(names & {"zyx_float16_to_f32", "zyx_f32_to_float16", "zyx_round_float16"})
+        usesbf = bool(names & {"zyx_bfloat16_to_f32", "zyx_f32_to_bfloat16", "zyx_round_bfloat16"})
+        if uses16 or usesbf:
+            parts.append(BITS_PRELUDE)
+        if uses16:
+            parts.append(FLOAT16_PRELUDE)
+        if usesbf:
+            parts.append(BFLOAT16_PRELUDE)
+        used = sorted(names & _INT_HELPERS.keys())
+        parts.extend(_INT_HELPERS[h] + "\n" for h in used)
+        return "".join(parts)
+
+    def render(self, k: Kernel) -> CudaSource:
+        geom = gpu.geometry(k)
+        w = _Writer(self, k, geom)
+        w.kernel(linearize(k))
+        body = "\n".join(w.shared + w.lines)
+        decls = self.param_decls(k)
+        sig = ", ".join(f"{t} {n}" for t, n in decls)
+        src = (f"{self.prelude(body)}\nextern \"C\" __global__ void __launch_bounds__({geom.block_threads}) "
+               f"{k.name}({sig}) {{\n{body}\n}}\n")
+        return CudaSource(k.name, src, geom.grid, geom.block, 0, tuple(p.kind for p in k.params),
+                          tuple(t for t, _ in decls))
+
+
+class _Writer:
+    """Emits the body of one kernel: the geometry's outer structure, then blocks, loops, reduces, stores."""
+
+    def __init__(self, r: CUDARenderer, k: Kernel, geom: Geometry) -> None:
+        self.r, self.k, self.g = r, k, geom
+        self.lines: list[str] = []
+        self.shared: list[str] = []
+        self.name: dict[Expr, str] = {}
+        self.acc: dict[Expr, str] = {}
+        self.count = 0
+
+    def fresh(self, prefix: str) -> str:
+        self.count += 1
+        return f"{prefix}{self.count}"
+
+    def emit(self, ind: str, text: str) -> None:
+        self.lines.append(ind + text)
+
+    def value(self, x: Expr) -> str:
+        """A defined value, range or constant as a C operand (no narrowing context needed)."""
+        if x.op is Ops.CONST:
+            return self.r.literal(x.arg, x.dtype)
+        return range_name(x) if x.op is Ops.RANGE else self.name[x]
+
+    # ---- geometry frames -------------------------------------------------------------------------------------
+    def kernel(self, root: Block) -> None:
+        if self.g.strategy == "thread":
+            self.thread_frame(root)
+        else:
+            self.group_frame(root)
+
+    def thread_frame(self, root: Block) -> None:
+        """One thread per iteration of all output loops (grid-stride)."""
+        g = self.g
+        blocks, loops = gpu.output_blocks(root), gpu.output_loops(root)
+        b = g.block_threads
+        it = index_type(g.items + g.grid[0] * b)
+        self.emit("  ", f"for ({it} zi = ({it})blockIdx.x * {b} + threadIdx.x; zi < {g.items}; "
+                        f"zi += ({it})gridDim.x * {b}) {{")
+        ind = "    "
+        self.decode(loops, "zi", ind)
+        for blk in blocks:
+            self.stmts(blk, ind)
+        for blk in reversed(blocks):
+            self.tail(blk, ind)
+        self.emit("  ", "}")
+
+    def group_frame(self, root: Block) -> None:
+        """One group of threads per iteration of output loops [0, split); see ``gpu``."""
+        g = self.g
+        blocks, loops = gpu.output_blocks(root), gpu.output_loops(root)
+        s, flat, n = g.split, g.flat, len(loops)
+        w = g.groups_per_block
+        it = index_type(g.items + g.grid[0] * w)
+        first = f"({it})blockIdx.x * {w} + threadIdx.y" if w > 1 else f"({it})blockIdx.x"
+        step = f"({it})gridDim.x * {w}" if w > 1 else f"({it})gridDim.x"
+        self.emit("  ", "const int zl = threadIdx.x;")
+        self.emit("  ", f"for ({it} zg = {first}; zg < {g.items}; zg += {step}) {{")
+        ind = "    "
+        self.decode(loops[:s], "zg", ind)
+        for d in range(s + 1):
+            self.stmts(blocks[d], ind, coop=d == s)
+        if s < n:
+            self.strided(loops[s:flat], loops[flat] if flat < n else None, "zj", ind)
+        elif blocks[n].tail:
+            self.emit(ind, "if (zl == 0) {")
+            self.tail(blocks[n], ind + "  ")
+            self.emit(ind, "}")
+        self.emit("  ", "}")
+
+    def strided(self, flat: list[Loop], rest: Loop | None, var: str, ind: str) -> None:
+        """Loops ``flat`` flattened and strided over the group's lanes; ``rest`` (the next loop) runs serially."""
+        total = gpu.loop_size(flat)
+        gt = self.g.group_threads
+        it = index_type(total + gt)
+        self.emit(ind, f"for ({it} {var} = zl; {var} < {total}; {var} += {gt}) {{")
+        i2 = ind + "  "
+        self.decode(flat, var, i2)
+        for lp in flat:
+            self.stmts(lp.body, i2)
+        if rest is not None:
+            self.serial_loop(rest, i2)
+        for lp in reversed(flat):
+            self.tail(lp.body, i2)
+        self.emit(ind, "}")
+
+    def decode(self, loops: list[Loop], var: str, ind: str) -> None:
+        """Define each loop's range variable from the flat index ``var`` (outermost loop slowest)."""
+        sizes = [lp.range.arg[1] for lp in loops]
+        for i, lp in enumerate(loops):
+            stride = math.prod(sizes[i + 1:])
+            x = var if stride == 1 else f"{var} / {stride}"
+            if i > 0:
+                x = f"({x}) % {sizes[i]}"
+            t = index_type(sizes[i] - 1)
+            self.emit(ind, f"const {t} {range_name(lp.range)} = ({t})({x});")
+
+    # ---- blocks and loops ------------------------------------------------------------------------------------
+    def stmts(self, b: Block, ind: str, coop: bool = False) -> None:
+        for st in b.stmts:
+            if isinstance(st, Reduce):
+                if coop:
+                    self.coop_reduce(st, ind)
+                else:
+                    self.serial_reduce(st, ind)
+            else:
+                self.define(st, ind)
+
+    def tail(self, b: Block, ind: str) -> None:
+        for st in b.tail:
+            if isinstance(st, Store):
+                self.store(st, ind)
+            else:  # the accumulate statement at the end of the innermost reduce loop
+                self.emit(ind, self.r.update(st.arg[0], self.acc[st], self.value(st.srcs[0]), st.dtype))
+
+    def block(self, b: Block, ind: str) -> None:
+        self.stmts(b, ind)
+        if b.inner is not None:
+            self.serial_loop(b.inner, ind)
+        self.tail(b, ind)
+
+    def serial_loop(self, lp: Loop, ind: str) -> None:
+        r, size = range_name(lp.range), lp.range.arg[1]
+        t = index_type(size)
+        self.emit(ind, f"for ({t} {r} = 0; {r} < {size}; {r}++) {{")
+        self.block(lp.body, ind + "  ")
+        self.emit(ind, "}")
+
+    def define(self, e: Expr, ind: str) -> None:
+        v = self.fresh("v")
+        self.emit(ind, f"const {self.r.value_type(e)} {v} = {self.r.expr(e, self.name, self.k.params)};")
+        self.name[e] = v
+
+    def store(self, st: Store, ind: str) -> None:
+        p = self.k.params[st.param]
+        if st.value.dtype is not p.dtype:
+            raise AssertionError(f"store of {st.value.dtype} into {p.dtype} param")
+        self.emit(ind, f"p{st.param}[{self.value(st.index)}] = {self.r.to_storage(self.value(st.value), p.dtype)};")
+
+    # ---- reductions ------------------------------------------------------------------------------------------
+    def open_acc(self, e: Expr, ind: str) -> tuple[str, str, bool]:
+        acc = self.fresh("acc")
+        at = self.r.acc_type(e, self.k)
+        nan = e.arg[0] in (Ops.MAX, Ops.MIN) and e.dtype.is_float
+        self.emit(ind, f"{at} {acc} = {self.r.identity(e.arg[0], e, at)};")
+        if nan:
+            self.emit(ind, f"int {acc}_nan = 0;")
+        self.acc[e] = acc
+        return acc, at, nan
+
+    def close_acc(self, e: Expr, acc: str, at: str, nan: bool, ind: str) -> None:
+        fin = acc
+        if nan:
+            nan_lit = self.r.literal(math.nan, dtypes.float64 if at == "double" else dtypes.float32)
+            fin = f"({acc}_nan ? {nan_lit} : {acc})"
+        v = self.fresh("v")
+        rt = self.r.reg_type(e.dtype)
+        self.emit(ind, f"const {rt} {v} = ({rt})({fin});")
+        self.name[e] = v
+
+    def serial_reduce(self, red: Reduce, ind: str) -> None:
+        _check_plain(red)
+        acc, at, nan = self.open_acc(red.expr, ind)
+        self.serial_loop(red.loop, ind)
+        self.close_acc(red.expr, acc, at, nan, ind)
+
+    def coop_reduce(self, red: Reduce, ind: str) -> None:
+        """All lanes of the group accumulate strided slices, then combine; every lane gets the result."""
+        _check_plain(red)
+        e = red.expr
+        acc, at, nan = self.open_acc(e, ind)
+        chain = gpu.reduce_chain(red)
+        f = gpu.flatten_count(chain)
+        self.strided(chain[:f], chain[f] if f < len(chain) else None, f"{acc}_i", ind)
+        op = e.arg[0]
+        self.emit(ind, "for (int zo = 16; zo > 0; zo >>= 1) {")
+        self.emit(ind, f"  const {at} zt = {self.r.shuffle_xor(at, acc, 'zo')};")
+        self.emit(ind, "  " + self.r.combine(op, acc, "zt"))
+        if nan:
+            self.emit(ind, f"  {acc}_nan |= __shfl_xor_sync({FULL_MASK}, {acc}_nan, zo);")
+        self.emit(ind, "}")
+        if self.g.group_threads > 32:
+            self.cross_warp(op, acc, at, nan, ind)
+        self.close_acc(e, acc, at, nan, ind)
+
+    def cross_warp(self, op: Ops, acc: str, at: str, nan: bool, ind: str) -> None:
+        """Combine the warps' (uniform) partials through shared memory; every thread reads them in one order."""
+        warps = self.g.group_threads // 32
+        self.shared.append(f"  __shared__ {at} {acc}_sh[{warps}];")
+        if nan:
+            self.shared.append(f"  __shared__ int {acc}_shn[{warps}];")
+        self.emit(ind, f"if ((zl & 31) == 0) {{ {acc}_sh[zl >> 5] = {acc};"
+                       + (f" {acc}_shn[zl >> 5] = {acc}_nan;" if nan else "") + " }")
+        self.emit(ind, "__syncthreads();")
+        self.emit(ind, f"{acc} = {acc}_sh[0];" + (f" {acc}_nan = {acc}_shn[0];" if nan else ""))
+        self.emit(ind, f"for (int zw = 1; zw < {warps}; zw++) {{ {self.r.combine(op, acc, f'{acc}_sh[zw]')}"
+                       + (f" {acc}_nan |= {acc}_shn[zw];" if nan else "") + " }")
+        self.emit(ind, "__syncthreads();")
+
+
+def _check_plain(red: Reduce) -> None:
+    if getattr(red, "vec", None) is not None or red.split:
+        raise NotImplementedError(f"reduce {red.expr.arg[0].name} placed for the host (vector or split "
+                                  "accumulator): GPU kernels must come from gpu.optimize")
+
+
+def render_cuda(k: Kernel, info: DeviceInfo) -> CudaSource:
+    """Optimize ``k`` for the GPU described by ``info`` and render it."""
+    return CUDARenderer().render(gpu.optimize(k, info))
+
+
+__all__ = ["CUDARenderer", "CudaSource", "render_cuda"]
