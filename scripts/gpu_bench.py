@@ -249,7 +249,7 @@ def case_tiny(env: Env) -> list[Row]:
     rows = []
     n = 200 if env.smoke else 10_000
     if env.is_cuda:
-        from zyx.backends.cuda.worker import KernelSpec
+        from zyx.backends.cuda.args import KernelSpec
 
         dev = env.dev
         pid = dev.compile_source(TINY, KernelSpec("zyx_bench_tiny", (1, 1, 1), (32, 1, 1), 0, ("out",), (None,)))

@@ -23,10 +23,12 @@ import zyx
 from zyx.backends import registry as reg
 from zyx.backends.base import BackendError, ErrorStatus
 from zyx.backends.cuda import backend, cudnn, driver
+from zyx.backends.cuda.args import ArgPack, KernelSpec, scalar_format
 from zyx.backends.cuda.device import CudaDevice, device_info
 from zyx.backends.cuda.driver import DriverError
+from zyx.backends.cuda.memory import human_bytes
 from zyx.backends.cuda.pool import CudaPool
-from zyx.backends.cuda.worker import ArgPack, KernelSpec, Worker, WorkerConfig, human_bytes, scalar_format
+from zyx.backends.cuda.worker import Worker, WorkerConfig
 from zyx.backends.disk import DiskPool
 from zyx.backends.host.pool import HostPool
 from zyx.graph.extract import Graph
@@ -1188,9 +1190,9 @@ def test_driver_methods_map_results():
 
 
 def test_relabel_round_trip():
+    from zyx.backends.cuda.placement import relabel
     from zyx.backends.cuda.streams import Command as C
     from zyx.backends.cuda.streams import StreamState, assign_streams
-    from zyx.backends.cuda.worker import relabel
 
     _, state = assign_streams([C((), (1,)), C((), (2,)), C((1, 2), (3,)), C((3,), ())], StreamState(), 3)
     perm = [2, 0, 1]
@@ -1200,9 +1202,9 @@ def test_relabel_round_trip():
 
 
 def test_single_command_windows_spread_over_streams():
+    from zyx.backends.cuda.placement import place_window
     from zyx.backends.cuda.streams import Command as C
     from zyx.backends.cuda.streams import StreamState
-    from zyx.backends.cuda.worker import place_window
 
     state = StreamState()
     streams = []
@@ -1217,8 +1219,8 @@ def test_single_command_windows_spread_over_streams():
 @settings(max_examples=300, deadline=None)
 @given(windowed_programs())
 def test_property_place_window_keeps_every_hazard_ordered(case):
+    from zyx.backends.cuda.placement import place_window
     from zyx.backends.cuda.streams import StreamState
-    from zyx.backends.cuda.worker import place_window
 
     windows, n_streams = case
     state, commands, placements = StreamState(), [], []

@@ -41,7 +41,7 @@ def device():
 
 
 def spec(name: str, kinds: tuple[str, ...], formats: tuple, block: int = 32):
-    from zyx.backends.cuda.worker import KernelSpec
+    from zyx.backends.cuda.args import KernelSpec
 
     return KernelSpec(name, (1, 1, 1), (block, 1, 1), 0, kinds, formats)
 
@@ -183,7 +183,7 @@ def test_illegal_address_surfaces_at_the_next_sync_naming_the_kernel():
         import numpy as np
         import zyx
         from zyx.backends.base import BackendError
-        from zyx.backends.cuda.worker import KernelSpec
+        from zyx.backends.cuda.args import KernelSpec
         dev = zyx.registry().get("cuda:0").primary
         pool = dev.pool()
         src = 'extern "C" __global__ void zyx_oob_writer(float* out) { out[(long long)1 << 40] = 1.0f; }'

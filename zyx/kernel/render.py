@@ -159,7 +159,9 @@ class CStyleRenderer:
     def float_to_int(self, a: str, sd: DType, d: DType) -> str:
         return f"({self.reg_type(d)})({a})"
 
-    def expr(self, e: Expr, name: dict[Expr, str], params: tuple[ir.Param, ...]) -> str:
+    def operand_namer(self, e: Expr, name: dict[Expr, str]):
+        """How the operands of ``e`` are spelled (targets may vary it per expression, e.g. index widths)."""
+
         def n(x: Expr) -> str:
             if x.op is Ops.CONST:
                 return self.literal(x.arg, x.dtype)
@@ -167,6 +169,10 @@ class CStyleRenderer:
                 return f"r{x.arg[0]}"
             return name[x]
 
+        return n
+
+    def expr(self, e: Expr, name: dict[Expr, str], params: tuple[ir.Param, ...]) -> str:
+        n = self.operand_namer(e, name)
         if e.op is Ops.LOAD:
             p = params[e.arg]
             s = self.from_storage(f"p{e.arg}[{n(e.srcs[0])}]", p.dtype)

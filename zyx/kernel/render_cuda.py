@@ -41,7 +41,7 @@ from zyx.kernel import gpu, ir
 from zyx.kernel.gpu import Geometry
 from zyx.kernel.ir import Expr, Kernel, Ops, Store
 from zyx.kernel.linearize import Block, Loop, Reduce, linearize
-from zyx.kernel.render import HALFS, CStyleRenderer, _int_helpers
+from zyx.kernel.render import CStyleRenderer, _int_helpers
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 FULL_MASK = "0xffffffffu"
@@ -193,28 +193,10 @@ class CUDARenderer(CStyleRenderer):
             s = f"(long long){s}"
         return s
 
-    def expr(self, e: Expr, name: dict[Expr, str], params: tuple[ir.Param, ...]) -> str:
-        # The base's expr with int32-aware operands (see ``is_narrow``); alu/cast/rounding are the base's.
+    def operand_namer(self, e: Expr, name: dict[Expr, str]):
+        # int32-aware operands (see ``is_narrow``); the expression itself is the base's
         ctx = self.int_context(e)
-
-        def n(x: Expr) -> str:
-            return self.operand(x, name, ctx)
-
-        if e.op is Ops.LOAD:
-            s = self.from_storage(f"p{e.arg}[{n(e.srcs[0])}]", params[e.arg].dtype)
-            if len(e.srcs) > 1:
-                s = f"({n(e.srcs[1])} ? {s} : {self.literal(0, e.dtype)})"
-            return s
-        if e.op is Ops.VAR:
-            return f"a{e.arg}"
-        if e.op is Ops.CAST:
-            return self.cast(e, n(e.srcs[0]))
-        if e.op is Ops.BITCAST:
-            raise NotImplementedError("BITCAST is not rendered yet")
-        s = self.alu(e, [n(x) for x in e.srcs])
-        if e.dtype in HALFS and e.op not in ir.COMPARE:
-            s = self.round_half(s, e.dtype)
-        return s
+        return lambda x: self.operand(x, name, ctx)
 
     def cast(self, e: Expr, a: str) -> str:
         if self.is_narrow(e):

@@ -20,8 +20,8 @@ from typing import Any
 
 from zyx import dtypes, utils
 from zyx.backends.base import BackendError, Device, DeviceInfo, ErrorStatus, ProgramId
+from zyx.backends.cuda.args import KernelSpec, scalar_format
 from zyx.backends.cuda.pool import CudaPool
-from zyx.backends.cuda.worker import KernelSpec, scalar_format
 from zyx.utils import STATS, debug_on, log
 
 # name fragment -> (device-to-device copy GB/s, dense bf16/f16 tensor-core TFLOP/s, fp32 SIMT TFLOP/s)

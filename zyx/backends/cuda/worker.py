@@ -36,35 +36,29 @@ from __future__ import annotations
 import ctypes
 import itertools
 import queue
-import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-import numpy as np
+from typing import Any
 
 from zyx.backends.base import BackendError, ErrorStatus
+from zyx.backends.cuda.args import ArgPack, KernelSpec, LibraryProgram, _Kernel, _Library
 from zyx.backends.cuda.driver import DEVICE_ATTRIBUTES, OUT_OF_MEMORY, Driver, DriverError
+from zyx.backends.cuda.memory import (
+    CachingAllocator,
+    Staging,
+    StagingPool,
+    StreamOrderedAllocator,
+    alloc_size,
+    human_bytes,
+)
+from zyx.backends.cuda.placement import place_window
 from zyx.backends.cuda.streams import Command as StreamCommand
-from zyx.backends.cuda.streams import Placement as StreamPlacement
-from zyx.backends.cuda.streams import StreamState, assign_streams
+from zyx.backends.cuda.streams import StreamState
 from zyx.utils import debug_on, log
 
 DEFAULT_SHARED_BYTES = 48 << 10  # dynamic shared memory a kernel may use without opting in
-ALLOC_ALIGN = 256
-
-
-def round_up(n: int, m: int) -> int:
-    return (n + m - 1) // m * m
-
-
-def human_bytes(n: int) -> str:
-    """``8.0 GiB`` for sizes from 0.1 GiB up, ``12.5 MiB`` below."""
-    if n >= (1 << 30) // 10:
-        return f"{n / (1 << 30):.1f} GiB"
-    return f"{n / (1 << 20):.1f} MiB"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -95,297 +89,6 @@ class Reply:
         if self._error is not None:
             raise self._error
         return self._value
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# kernel arguments
-
-_SCALAR_FORMATS = {"bool": "?", "int8": "b", "uint8": "B", "int16": "h", "uint16": "H", "int32": "i", "uint32": "I",
-                   "int64": "q", "uint64": "Q", "float16": "e", "float32": "f", "float64": "d", "bfloat16": "bf16"}
-
-
-_CTYPE_FORMATS = {"bool": "?", "_Bool": "?", "char": "b", "signed char": "b", "unsigned char": "B", "short": "h",
-                  "unsigned short": "H", "int": "i", "unsigned int": "I", "long long": "q", "unsigned long long": "Q",
-                  "long": "q", "unsigned long": "Q", "float": "f", "double": "d", "half": "e", "__half": "e",
-                  "__nv_bfloat16": "bf16", "bfloat16": "bf16"}
-
-
-def scalar_format(dtype_name: str, ctype: str | None = None) -> str:
-    """The ``struct`` format of a scalar kernel parameter (``bf16``: bfloat16 bits).
-
-    ``ctype`` (the renderer's C type of the parameter, ``const`` allowed) wins over the dtype: the CUDA renderer
-    passes float16 / bfloat16 scalars as ``float``.
-    """
-    if ctype:
-        t = ctype.replace("const", " ").replace("__restrict__", " ").strip()
-        t = " ".join(t.split())
-        if t in _CTYPE_FORMATS:
-            return _CTYPE_FORMATS[t]
-    try:
-        return _SCALAR_FORMATS[dtype_name]
-    except KeyError:
-        raise BackendError(ErrorStatus.LAUNCH, f"no CUDA scalar parameter type for dtype {dtype_name!r}"
-                           + (f" (C type {ctype!r})" if ctype else "")) from None
-
-
-def _bf16_bits(value: float) -> int:
-    import ml_dtypes
-
-    return int(np.array(value, ml_dtypes.bfloat16).view(np.uint16))
-
-
-def _coerce(fmt: str, v: int | float) -> int | float | bool:
-    if fmt in ("e", "f", "d"):
-        return float(v)
-    return bool(v) if fmt == "?" else int(v)
-
-
-class ArgPack:
-    """The ``kernelParams`` block of one launch: ``n`` 8-byte value slots, then ``n`` pointers to them.
-
-    One ctypes array holds both, so one object keeps the whole block alive; ``address`` is the ``void*[]`` to
-    pass to ``cuLaunchKernel`` (0 for a kernel without parameters).
-    """
-
-    __slots__ = ("array", "n", "address", "_view")
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.array = (ctypes.c_uint64 * max(2 * n, 1))()
-        base = ctypes.addressof(self.array)
-        for i in range(n):
-            self.array[n + i] = base + 8 * i
-        self.address = base + 8 * n if n else 0
-        self._view = memoryview(self.array).cast("B")
-
-    def fill(self, formats: Sequence[str | None], values: Sequence[int | float]) -> ArgPack:
-        """Write the values: a ``None`` format is a device pointer (uint64), else a scalar of that format."""
-        view = self._view
-        for i, (fmt, v) in enumerate(zip(formats, values)):
-            if fmt is None:
-                self.array[i] = v
-            elif fmt == "bf16":
-                struct.pack_into("<Q", view, 8 * i, _bf16_bits(float(v)))
-            else:
-                struct.pack_into("<Q", view, 8 * i, 0)
-                struct.pack_into("<" + fmt, view, 8 * i, _coerce(fmt, v))
-        return self
-
-    def slot(self, i: int) -> bytes:
-        """The 8 bytes of value slot ``i`` (tests)."""
-        return bytes(self._view[8 * i:8 * i + 8])
-
-
-@dataclass(frozen=True)
-class KernelSpec:
-    """What the worker needs to launch a compiled kernel; ``kinds`` is "in"/"out"/"var" per parameter and
-    ``formats`` the ``struct`` format of each "var" (None for buffers)."""
-
-    name: str
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    shared_bytes: int
-    kinds: tuple[str, ...]
-    formats: tuple[str | None, ...]
-
-
-class LibraryProgram(Protocol):
-    """A library program (cuDNN plan) the worker runs like a kernel: ``kinds`` says which arguments are read
-    ("in") and written ("out"); ``run`` enqueues it on stream ``stream_index`` of ``worker``."""
-
-    name: str
-    kinds: tuple[str, ...]
-
-    def run(self, worker: Worker, stream_index: int, pointers: tuple[int, ...]) -> None: ...
-
-
-@dataclass
-class _Kernel:
-    spec: KernelSpec
-    module: int
-    function: int
-    streams: set[int] = field(default_factory=set)
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        return self.spec.kinds
-
-
-@dataclass
-class _Library:
-    program: Any  # LibraryProgram
-    streams: set[int] = field(default_factory=set)
-
-    @property
-    def name(self) -> str:
-        return self.program.name
-
-    @property
-    def kinds(self) -> tuple[str, ...]:
-        return self.program.kinds
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# memory
-
-
-@dataclass
-class Staging:
-    """One pinned host block (``size`` bytes at ``ptr``)."""
-
-    ptr: int
-    size: int
-
-
-class StagingPool:
-    """Pinned host blocks in power-of-two size classes from 4 KiB to ``max_block``; ``in_use`` counts blocks handed
-    out, freed blocks are cached up to ``cache_limit`` bytes."""
-
-    MIN_BLOCK = 4096
-
-    def __init__(self, drv: Driver, max_block: int, cache_limit: int) -> None:
-        self.drv, self.max_block, self.cache_limit = drv, max_block, cache_limit
-        self.free: dict[int, list[Staging]] = {}
-        self.in_use = 0
-        self.cached = 0
-
-    def size_for(self, n: int) -> int:
-        size = self.MIN_BLOCK
-        while size < n:
-            size *= 2
-        return min(size, max(self.max_block, n))
-
-    def acquire(self, n: int) -> Staging:
-        size = self.size_for(n)
-        blocks = self.free.get(size)
-        if blocks:
-            blk = blocks.pop()
-            self.cached -= size
-        else:
-            blk = Staging(self.drv.host_alloc(size), size)
-        self.in_use += size
-        return blk
-
-    def release(self, blk: Staging) -> None:
-        self.in_use -= blk.size
-        if self.cached + blk.size <= self.cache_limit:
-            self.free.setdefault(blk.size, []).append(blk)
-            self.cached += blk.size
-        else:
-            self.drv.host_free(blk.ptr)
-
-    def trim(self) -> None:
-        for blocks in self.free.values():
-            for blk in blocks:
-                self.drv.host_free(blk.ptr)
-        self.free.clear()
-        self.cached = 0
-
-
-class StreamOrderedAllocator:
-    """``cuMemAllocAsync`` / ``cuMemFreeAsync`` on the device's default pool, on a stream that runs no work.
-
-    Frees happen only after the buffer's barrier events completed, so memory handed back is idle; the raised
-    release threshold keeps it reserved for the next allocation instead of returning it to the driver.
-    """
-
-    kind = "stream-ordered"
-
-    def __init__(self, drv: Driver, device: int, stream: int) -> None:
-        self.drv, self.stream = drv, stream
-        self.pool = drv.default_mem_pool(device)
-        drv.mem_pool_set_release_threshold(self.pool, (1 << 64) - 1)
-
-    def alloc(self, size: int) -> int:
-        return self.drv.mem_alloc_async(size, self.stream)
-
-    def free(self, ptr: int, size: int) -> None:
-        self.drv.mem_free_async(ptr, self.stream)
-
-    def release_cached(self) -> None:
-        self.drv.stream_synchronize(self.stream)
-        self.drv.mem_pool_trim(self.pool, 0)
-
-    def usage(self) -> dict[str, int]:
-        reserved, used = self.drv.mem_pool_usage(self.pool)
-        return {"pool_reserved": reserved, "pool_used": used}
-
-
-class CachingAllocator:
-    """``cuMemAlloc`` / ``cuMemFree`` behind a cache of freed blocks keyed by their (rounded) size."""
-
-    kind = "caching"
-
-    def __init__(self, drv: Driver) -> None:
-        self.drv = drv
-        self.cache: dict[int, list[int]] = {}
-        self.cached = 0
-
-    def alloc(self, size: int) -> int:
-        blocks = self.cache.get(size)
-        if blocks:
-            self.cached -= size
-            return blocks.pop()
-        return self.drv.mem_alloc(size)
-
-    def free(self, ptr: int, size: int) -> None:
-        self.cache.setdefault(size, []).append(ptr)
-        self.cached += size
-
-    def release_cached(self) -> None:
-        for blocks in self.cache.values():
-            for ptr in blocks:
-                self.drv.mem_free(ptr)
-        self.cache.clear()
-        self.cached = 0
-
-    def usage(self) -> dict[str, int]:
-        return {"cache_bytes": self.cached}
-
-
-def alloc_size(nbytes: int) -> int:
-    """Bytes actually reserved for a buffer of ``nbytes``: 256-byte multiples (512 KiB multiples above 1 MiB,
-    which keeps the caching allocator's size classes few)."""
-    n = max(nbytes, 1)
-    return round_up(n, ALLOC_ALIGN) if n <= (1 << 20) else round_up(n, 1 << 19)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# stream placement
-
-
-def relabel(state: StreamState, mapping: Sequence[int]) -> StreamState:
-    """``state`` with every stream index ``s`` replaced by ``mapping[s]`` (a permutation)."""
-    m = mapping
-    return StreamState(
-        last_writer={b: m[s] for b, s in state.last_writer.items()},
-        readers_since_write={b: {m[s] for s in r} for b, r in state.readers_since_write.items()},
-        last_write_at=dict(state.last_write_at),
-        last_read_at={(b, m[s]): p for (b, s), p in state.last_read_at.items()},
-        placed={m[s]: n for s, n in state.placed.items()},
-        synced={m[s]: {m[t]: n for t, n in c.items()} for s, c in state.synced.items()},
-    )
-
-
-def place_window(commands: Sequence[StreamCommand], state: StreamState,
-                 n_streams: int) -> tuple[list[StreamPlacement], StreamState]:
-    """``streams.assign_streams`` over streams relabelled so that the ones that ran the fewest commands so far come
-    first: its per-window "least loaded, ties to the lowest index" choice then spreads independent work over all
-    streams across windows too (a window of one command would otherwise always pick stream 0). Relabelling is a
-    renaming, so every safety property of ``assign_streams`` holds unchanged."""
-    order = sorted(range(n_streams), key=lambda s: (state.placed.get(s, 0), s))  # logical -> physical
-    if order == list(range(n_streams)):
-        return assign_streams(commands, state, n_streams)
-    to_logical = [0] * n_streams
-    for logical, physical in enumerate(order):
-        to_logical[physical] = logical
-    placements, logical_state = assign_streams(commands, relabel(state, to_logical), n_streams)
-    physical = [StreamPlacement(order[p.stream], tuple(sorted(order[t] for t in p.waits))) for p in placements]
-    return physical, relabel(logical_state, order)
 
 
 # ---------------------------------------------------------------------------------------------------------------
