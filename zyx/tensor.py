@@ -957,8 +957,7 @@ class Tensor:
         return matmul(Tensor(other, device=self.device), self)
 
     def dot(self, other: Tensor) -> Tensor:
-        if self.ndim == 1 and other.ndim == 1:
-            return matmul(self, other)
+        """Inner product of 1-D tensors (a 0-d result); for higher dimensions the same as ``matmul``."""
         return matmul(self, other)
 
     # ---- autograd --------------------------------------------------------------------------------------------

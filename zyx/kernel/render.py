@@ -13,6 +13,7 @@ import math
 from zyx import dtypes
 from zyx.dtypes import DType
 from zyx.kernel import ir
+from zyx.kernel.c_math import C_MATH_FUNCTIONS, C_MATH_PRELUDE
 from zyx.kernel.ir import Expr, Kernel, Ops, Store
 from zyx.kernel.linearize import Block, Loop, Reduce, linearize
 
@@ -230,19 +231,10 @@ class CRenderer(CStyleRenderer):
 
     restrict = "restrict"
 
-    def __init__(self) -> None:
-        try:
-            from zyx.kernel.c_math import C_MATH_FUNCTIONS
-            self.math_fns = dict(C_MATH_FUNCTIONS)
-        except ImportError:  # pragma: no cover - the prelude module is part of the package
-            self.math_fns = {}
+    math_fns = C_MATH_FUNCTIONS
 
     def prelude(self) -> str:
-        try:
-            from zyx.kernel.c_math import C_MATH_PRELUDE
-        except ImportError:  # pragma: no cover
-            C_MATH_PRELUDE = ""
-        return C_PRELUDE + C_MATH_PRELUDE + _int_helpers()
+        return _HOST_PRELUDE
 
     def render(self, k: Kernel) -> str:
         lines: list[str] = []
@@ -483,3 +475,6 @@ def _int_helpers() -> str:
                    f"if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0); "
                    f"while (b) {{ if (b & 1) r = ({t})(r * a); a = ({t})(a * a); b >>= 1; }} return r; }}")
     return "\n".join(out) + "\n"
+
+
+_HOST_PRELUDE = C_PRELUDE + C_MATH_PRELUDE + _int_helpers()
