@@ -132,11 +132,6 @@ def scalar_dtype(value, other: DType) -> DType:
     raise TypeError(f"unsupported scalar {value!r} of type {type(value).__name__}")
 
 
-def float_of(d: DType) -> DType:
-    """dtype of a float-only function (exp, mean, true division) of a ``d`` input."""
-    return d if d.is_float else default_float
-
-
 def min_max(d: DType) -> tuple:
     """Identity elements for max/min reductions of dtype ``d``."""
     if d.is_float:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from zyx import dtypes
 from zyx.dtypes import DType
 from zyx.graph.node import Class, Op
 
@@ -217,7 +216,3 @@ def match_matmul(c: Class) -> Matmul | None:
     b = Operand(vb, tuple(sb[d] for d in batch_dims), sb[kax], b_n)
     return Matmul(c, tuple(shape[d] for d in batch_dims), m, n, k, a, b,
                   tuple(out_strides[d] for d in batch_dims), c_m, c_n, acc)
-
-
-def is_half(d: DType) -> bool:
-    return d in (dtypes.float16, dtypes.bfloat16)

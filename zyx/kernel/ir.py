@@ -214,10 +214,6 @@ def load(param: int, dtype: DType, index: Expr, gate: Expr | None = None) -> Exp
     return _make(Ops.LOAD, dtype, (index,) if gate is None else (index, gate), param)
 
 
-def is_const(e: Expr, value=None) -> bool:
-    return e.op is Ops.CONST and (value is None or e.arg == value)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # integer index arithmetic with bounds-based simplification
 

@@ -219,9 +219,6 @@ class CStyleRenderer:
             return f"{acc} = ({v} {c} {acc}) ? {v} : {acc}; {flag} |= ({v} != {v});"
         return f"{acc} = ({v} {c} {acc}) ? {v} : {acc};"
 
-    def loop_header(self, loop: Loop, var: str, reductions: list[tuple[str, str]]) -> list[str]:
-        raise NotImplementedError
-
     def render(self, k: Kernel) -> str:
         raise NotImplementedError
 
