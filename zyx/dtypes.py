@@ -9,6 +9,7 @@ float16 to float32 and with any wider float to that float.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -147,3 +148,24 @@ _INT_RANGE = {d: (int(np.iinfo(d.np_dtype).min), int(np.iinfo(d.np_dtype).max)) 
 
 def int_range(d: DType) -> tuple[int, int]:
     return _INT_RANGE[d]
+
+
+def wrap(value: int, d: DType) -> int:
+    """``value`` reduced modulo 2**bits into the range of integer dtype ``d`` (two's complement wraparound)."""
+    lo, hi = _INT_RANGE[d]
+    if lo <= value <= hi:
+        return value
+    return (value - lo) % (hi - lo + 1) + lo
+
+
+def float_to_int(value: float, d: DType) -> int:
+    """A float converted to integer dtype ``d`` as every zyx target computes it (x86-64 semantics; see the
+    renderer's ``zyx_f2i_*``): truncation, with NaN, infinities and out-of-range values mapped as the
+    hardware does."""
+    def via(bits: int, x: float) -> int:
+        lo = -(1 << (bits - 1))
+        return lo if math.isnan(x) or not lo - 1 < x < -lo else int(x)
+
+    if d is uint64 and value >= 2.0**63:
+        return wrap(via(64, value - 2.0**63), int64) % (1 << 64) ^ (1 << 63)
+    return wrap(via(32 if d.itemsize < 4 or d is int32 else 64, value), d)

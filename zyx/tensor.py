@@ -10,6 +10,7 @@ dtype rules are in ``zyx.dtypes`` (NumPy promotion, weak Python scalars, float32
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -1244,15 +1245,21 @@ def cat(tensors: Sequence[Tensor], axis: int = 0, dim=None) -> Tensor:
     d = ts[0].dtype
     for t in ts[1:]:
         d = dtypes.promote_types(d, t.dtype)
-    total = sum(t.shape[ax] for t in ts)
+    ts = [t for t in ts if t.shape[ax]] or ts[:1]
+    if len(ts) == 1:
+        return ts[0].cast(d)
+    # a select chain over the position along the axis: each element is exactly one piece's element (every bit
+    # kept, -0.0 and NaN payloads too); the host splits the loop into one segment per piece (O(output) work)
+    ends = list(itertools.accumulate(t.shape[ax] for t in ts))
+    total = ends[-1]
+    pos = Tensor._from_class(g.iota(total, dtypes.int64, ts[0].device)).reshape(
+        tuple(total if i == ax else 1 for i in range(nd)))
     out = None
-    start = 0
-    for t in ts:
+    for t, start, end in reversed(list(zip(ts, [0] + ends[:-1], ends))):
         pads = [(0, 0)] * nd
-        pads[ax] = (start, total - start - t.shape[ax])
+        pads[ax] = (start, total - end)
         piece = t.cast(d).pad(pads)
-        out = piece if out is None else out + piece if d.kind != "b" else out | piece
-        start += t.shape[ax]
+        out = piece if out is None else where(pos < end, piece, out)
     return out
 
 

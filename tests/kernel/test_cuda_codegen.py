@@ -294,10 +294,15 @@ def test_index_math_is_int_when_bounds_allow_and_widens_otherwise():
     assert "for (long long zi" in src  # 4.9e9 outputs
 
 
-def test_float_to_int_casts_wrap_like_the_host():
-    src = CUDARenderer().float_to_int("x", f32, dtypes.uint8)
-    assert src == "(unsigned char)(int)(x)"
-    assert "(long long)" in CUDARenderer().float_to_int("x", f32, dtypes.uint64)
+def test_float_to_int_casts_are_the_hosts_defined_conversion():
+    for d in (dtypes.uint8, dtypes.int32, dtypes.uint32, dtypes.uint64):
+        src = CUDARenderer().float_to_int("x", f32, d)
+        assert src == CRenderer().float_to_int("x", f32, d) == f"zyx_f2i_{d.name}((double)(x))"
+    r0 = ir.range_(0, 8)
+    k = Kernel("k", (Param("p0", dtypes.uint32, "out", 8), Param("p1", f32, "in", 8)), (r0,),
+               (Store(0, r0, ir.cast(ir.load(1, f32, r0), dtypes.uint32)),))
+    src = render_cuda(k, INFO).source
+    assert "zyx_f2i_uint32(double x)" in src and "zyx_f2i_int8(" not in src  # only the helper it uses
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -11,12 +11,16 @@ Invariants:
   common stored class become one kernel with several stores (the optimizer's parameter and state updates,
   the gradients of one shape). Depth strictly increases along every load, so groups never depend on each
   other in a cycle.
+- The planning fixpoint terminates by construction: each round either stores at least one class that was not
+  stored before or returns, so it runs at most once per class (a reduce that its own kernel stores is never
+  a reason for another round, even when the kernel evaluates it per element of an expanded output).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from zyx.backends.base import BackendError, ErrorStatus
 from zyx.graph.lower import KernelBuilder, recompute_factors
 from zyx.graph.node import ELEMENTWISE, Class, Node, Op
 from zyx.kernel.ir import Ops
@@ -125,7 +129,7 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
 
     position = {id(c): i for i, c in enumerate(order)}
     by_id = {id(c): c for c in order}
-    while True:
+    for _round in range(len(order) + 2):
         # a value inlined by roots of different shapes (which cannot share a kernel) is stored once; the
         # latest such value first, since storing it hides everything upstream of it from those roots
         users = _kernel_users(order, stored)
@@ -183,13 +187,17 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
             for c in sorted(group, key=lambda x: position[id(x)]):
                 b.add_output(c)
             for e, factor in recompute_factors(b.kernel()).items():
-                if factor > 1:
-                    stored.add(b.reduce_class[e])
+                rc = b.reduce_class[e]
+                if factor > 1 and rc not in stored:
+                    stored.add(rc)
                     grew = True
-                    log("sched", f"store {b.reduce_class[e]!r}: its kernel would recompute it {factor}x")
+                    log("sched", f"store {rc!r}: its kernel would recompute it {factor}x")
             result.append(KernelGroup(group, b, d))
         if not grew:
             return Fusion(stored, aliases, sorted(result, key=lambda g: g.depth), class_depth)
+    names = ", ".join(g.name for g in result[:4])
+    raise BackendError(ErrorStatus.COMPILATION, f"fusion planning did not converge after {len(order) + 2} rounds "
+                       f"(kernels {names}); please report this graph (ZYX_DEBUG=sched shows the rounds)")
 
 
 def _contract(units: list[Class], deps: dict[int, list[Class]], root_ids: set[int]) -> dict[int, int]:

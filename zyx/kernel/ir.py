@@ -3,9 +3,12 @@
 Invariants:
 - ``Expr`` nodes are interned: structurally equal expressions are the same object, so ``is`` is equality
   and a dict keyed by ``Expr`` is CSE.
-- Integer expressions carry bounds (``vmin``, ``vmax``); constructors simplify index arithmetic with them
-  (``ir.add``, ``ir.mul``, ``ir.idiv``, ``ir.mod``, comparisons). Integer ``DIV``/``MOD`` floor (NumPy
-  semantics); the simplifications are applied only to provably non-negative numerators.
+- Integer expressions carry bounds (``vmin``, ``vmax``) that hold for the value as computed, with wraparound:
+  an interval that would leave its dtype's range becomes the whole range (``_sound_bounds``), so narrow
+  integers that overflow are never folded from wrong bounds. Constructors simplify with them (``ir.add``,
+  ``ir.mul``, ``ir.idiv``, ``ir.mod``, comparisons); sums and products are reassociated only in the ring of
+  their dtype (constants wrap), which wraparound preserves. Integer ``DIV``/``MOD`` floor (NumPy semantics);
+  the division simplifications are applied only to provably non-negative numerators.
 - ``LOAD`` may carry a gate: a false gate yields 0 and touches no memory.
 - ``REDUCE`` owns its ``RANGE`` nodes; ranges are unique to the reduce or output loop that declares them.
 """
@@ -166,6 +169,15 @@ def _dtype_bounds(d: DType) -> tuple:
     return -math.inf, math.inf
 
 
+def _sound_bounds(bounds: tuple | None, dtype: DType) -> tuple:
+    """The value interval of a ``dtype`` result whose exact (non-wrapping) interval is ``bounds``: an interval
+    that leaves the dtype's range means the value may have wrapped, so nothing is known beyond the range."""
+    lo, hi = full = _dtype_bounds(dtype)
+    if bounds is None or bounds[0] < lo or bounds[1] > hi:
+        return full
+    return bounds
+
+
 def _make(op: Ops, dtype: DType, srcs: tuple[Expr, ...] = (), arg=None, bounds: tuple | None = None) -> Expr:
     karg = arg if op is not Ops.REDUCE else (arg[0], tuple(map(id, arg[1])))
     key = (op, dtype.name, tuple(id(s) for s in srcs), karg)
@@ -174,7 +186,7 @@ def _make(op: Ops, dtype: DType, srcs: tuple[Expr, ...] = (), arg=None, bounds: 
         return e
     e = object.__new__(Expr)
     e.op, e.dtype, e.srcs, e.arg = op, dtype, srcs, arg
-    e.vmin, e.vmax = bounds if bounds is not None else _dtype_bounds(dtype)
+    e.vmin, e.vmax = _sound_bounds(bounds, dtype)
     h = hashlib.blake2b(digest_size=12)
     h.update(f"{op.value}|{dtype.name}|{arg if op is not Ops.REDUCE else arg[0]!r}|".encode())
     for s in srcs:
@@ -194,6 +206,8 @@ def _make(op: Ops, dtype: DType, srcs: tuple[Expr, ...] = (), arg=None, bounds: 
 
 def const(value, dtype: DType) -> Expr:
     value = dtypes.as_python(value, dtype)
+    if dtype.is_int:
+        value = dtypes.wrap(value, dtype)
     b = (value, value) if not (isinstance(value, float) and math.isnan(value)) else (-math.inf, math.inf)
     return _make(Ops.CONST, dtype, (), value, b)
 
@@ -444,6 +458,9 @@ def alu(op: Ops, *srcs: Expr) -> Expr:
             return x if c.arg else y
         if x is y:
             return x
+        if x.op is Ops.LOAD and len(x.srcs) > 1 and x.srcs[1] is c and y.op is Ops.CONST and y.arg == 0 and \
+                not (isinstance(y.arg, float) and math.copysign(1.0, y.arg) < 0):
+            return x  # a load gated by the condition already yields 0 where it is false
     if op is Ops.MUL and dtype.is_float:
         a, b = srcs
         if b.op is Ops.CONST and b.arg == 1.0:
@@ -469,8 +486,12 @@ def cast(x: Expr, dtype: DType) -> Expr:
     if x.dtype is dtype:
         return x
     if x.op is Ops.CONST:
-        return const(x.arg, dtype) if not dtype.is_int or not isinstance(x.arg, float) or math.isfinite(x.arg) \
-            else _make(Ops.CAST, dtype, (x,))
+        v = x.arg
+        if dtype.is_int and x.dtype.is_float:
+            v = dtypes.float_to_int(v, dtype)
+        elif dtype.kind == "b":
+            v = v != 0  # NaN is true
+        return const(v, dtype)
     b = (x.vmin, x.vmax) if (x.dtype.is_int or x.dtype.kind == "b") and dtype.is_int and \
         _dtype_bounds(dtype)[0] <= x.vmin and x.vmax <= _dtype_bounds(dtype)[1] else None
     return _make(Ops.CAST, dtype, (x,), None, b)
@@ -567,7 +588,8 @@ class Store:
 class Kernel:
     """One launch: loops (outer first) over which every store runs, and the stores.
 
-    ``parallel`` is how many outer loops the target may run in parallel; ``vector`` marks the innermost loop
+    ``then`` holds the other segments of a kernel whose loop was split (``opt.split_segments``): each is a
+    complete loop nest over the same params. ``parallel`` is how many outer loops the target may run in parallel; ``vector`` marks the innermost loop
     as free of loop-carried dependencies (safe to vectorize). Optimizations return new kernels.
     """
 
@@ -580,6 +602,7 @@ class Kernel:
     wide_acc: bool = False  # accumulate float32 sums in float64 (host: accuracy of long sums)
     split_reduce: bool = False  # run the single root reduce across threads (no output loops)
     meta: dict = field(default_factory=dict, compare=False, hash=False)
+    then: tuple[Kernel, ...] = ()  # further loop nests over the same params, run after this one in one launch
 
     @property
     def size(self) -> int:

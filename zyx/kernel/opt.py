@@ -6,6 +6,8 @@
 - ``parallelize`` / ``vectorize``: mark the outer loop(s) parallel and the innermost loop vectorizable,
   from the work size and the device's compute units.
 - ``widen_accumulators``: long float32 sums accumulate in float64 on targets where that is cheap.
+- ``split_segments``: an output loop compared with constants (cat's select chain, pad bounds) splits into one
+  loop nest per segment (``Kernel.then``), each with its comparisons decided.
 """
 
 from __future__ import annotations
@@ -160,12 +162,59 @@ def widen_accumulators(k: Kernel) -> Kernel:
     return k
 
 
+def _cuts(k: Kernel, r: Expr) -> set[int]:
+    """Positions ``c`` in (0, size) where a comparison of ``r`` with a constant changes value (``r < c``)."""
+    out = set()
+    for e in ir.toposort(_all_roots(k)):
+        if e.op not in (Ops.CMPLT, Ops.CMPLE) or len(e.srcs) != 2:
+            continue
+        a, b = e.srcs
+        if a is r and b.op is Ops.CONST:
+            c = b.arg + (e.op is Ops.CMPLE)
+        elif b is r and a.op is Ops.CONST:
+            c = a.arg + (e.op is Ops.CMPLT)
+        else:
+            continue
+        if 0 < c < r.arg[1]:
+            out.add(int(c))
+    return out
+
+
+def split_segments(k: Kernel) -> list[Kernel]:
+    """Index-set splitting: an output loop whose range is compared with constants (the select chain of ``cat``,
+    the bounds of ``pad``) becomes one loop nest per segment between the cut points, where every such
+    comparison is decided, so each segment keeps only its own branch (one load per element, no gates)."""
+    if k.split_reduce:
+        return [k]
+    best, best_cuts = None, set()
+    for r in k.loops:
+        cuts = _cuts(k, r)
+        if len(cuts) > len(best_cuts):
+            best, best_cuts = r, cuts
+    if best is None or len(best_cuts) >= MAX_SEGMENTS:
+        return [k]
+    next_id = max(x.arg[0] for x in _every_range(k)) + 1
+    bounds = [0, *sorted(best_cuts), best.arg[1]]
+    parts = []
+    for j, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+        rj = ir.range_(next_id + j, hi - lo)
+        loops = tuple(rj if x is best else x for x in k.loops)
+        parts.append(_substitute_kernel(k, {best: rj + lo}, loops))
+    return parts
+
+
+MAX_SEGMENTS = 130
+
+
 def optimize(k: Kernel, info: DeviceInfo) -> Kernel:
     k = drop_unit_loops(k)
-    k = merge_loops(k)
-    if info.kind == "host":
-        k = interchange_reduce(k)
-        k = parallelize(k, info)
-        k = vectorize(k)
-        k = widen_accumulators(k)
-    return k
+    if info.kind != "host":
+        return merge_loops(k)
+    parts = []
+    for part in split_segments(k):
+        part = merge_loops(drop_unit_loops(part))
+        part = interchange_reduce(part)
+        part = parallelize(part, info)
+        part = vectorize(part)
+        parts.append(widen_accumulators(part))
+    return replace(parts[0], then=tuple(parts[1:]))

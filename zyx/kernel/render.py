@@ -158,7 +158,7 @@ class CStyleRenderer:
         return f"({self.reg_type(d)})({a})"
 
     def float_to_int(self, a: str, sd: DType, d: DType) -> str:
-        return f"({self.reg_type(d)})({a})"
+        return f"zyx_f2i_{d.name}((double)({a}))"
 
     def operand_namer(self, e: Expr, name: dict[Expr, str]):
         """How the operands of ``e`` are spelled (targets may vary it per expression, e.g. index widths)."""
@@ -386,7 +386,14 @@ class CRenderer(CStyleRenderer):
                 c = "const " if p.kind == "in" else ""
                 st = self.storage_type(p.dtype)
                 lines.append(f"  {c}{st} *{self.restrict} p{i} = ({c}{st}*)args[{i}];")
-        emit_block(linearize(k), "  ")
+        if not k.then:
+            emit_block(linearize(k), "  ")
+        for part in (k, *k.then) if k.then else ():  # one scope per segment: names never leak between them
+            name.clear()
+            acc_name.clear()
+            lines.append("  {")
+            emit_block(linearize(part), "    ")
+            lines.append("  }")
         body = "\n".join(lines)
         return f"{self.prelude()}\nvoid {k.name}(void **args) {{\n{body}\n}}\n"
 
@@ -471,7 +478,33 @@ def _int_helpers() -> str:
         out.append(f"static inline {t} zyx_ipow_{d.name}({t} a, {t} b) {{ {t} r = 1; "
                    f"if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0); "
                    f"while (b) {{ if (b & 1) r = ({t})(r * a); a = ({t})(a * a); b >>= 1; }} return r; }}")
+    out.extend(_float_to_int_helpers())
     return "\n".join(out) + "\n"
+
+
+def _float_to_int_helpers() -> list[str]:
+    """Float -> integer conversion, defined everywhere as x86-64 computes it (C leaves NaN, infinities and
+    out-of-range values undefined): truncation toward zero; int32/int64 give their minimum for NaN, infinities
+    and values out of range; 8- and 16-bit types convert through int32 and wrap, uint32 through int64;
+    uint64 converts values from 2**63 on through the offset ``x - 2**63`` (NaN and -inf give 2**63, +inf 0)."""
+    bad32 = "(x != x || x >= 2147483648.0 || x <= -2147483649.0)"
+    bad64 = "(x != x || x >= 9223372036854775808.0 || x < -9223372036854775808.0)"
+    i32 = f"({bad32} ? (-2147483647-1) : (int)x)"
+    i64 = f"({bad64} ? (-9223372036854775807LL-1) : (long long)x)"
+    out = []
+    for d in dtypes.ALL:
+        if not d.is_int:
+            continue
+        t = d.c_type
+        if d.itemsize <= 4 and d is not dtypes.uint32:
+            body = f"return ({t}){i32};"
+        elif d is dtypes.uint64:
+            body = (f"if (x >= 9223372036854775808.0) {{ x -= 9223372036854775808.0; "
+                    f"return (unsigned long long){i64} ^ 9223372036854775808ULL; }} return ({t}){i64};")
+        else:
+            body = f"return ({t}){i64};"
+        out.append(f"static inline {t} zyx_f2i_{d.name}(double x) {{ {body} }}")
+    return out
 
 
 _HOST_PRELUDE = C_PRELUDE + C_MATH_PRELUDE + _int_helpers()

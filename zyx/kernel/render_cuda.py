@@ -203,16 +203,6 @@ class CUDARenderer(CStyleRenderer):
             return f"(int)({a})"
         return super().cast(e, a)
 
-    def float_to_int(self, a: str, sd: DType, d: DType) -> str:
-        t = self.reg_type(d)
-        if d is dtypes.uint64:
-            return f"(({a}) < 0 ? (unsigned long long)(long long)({a}) : (unsigned long long)({a}))"
-        if d.itemsize < 4:
-            return f"({t})(int)({a})"
-        if d is dtypes.uint32:
-            return f"({t})(long long)({a})"
-        return f"({t})({a})"
-
     # ---- reductions ------------------------------------------------------------------------------------------
     def combine(self, op: Ops, acc: str, other: str) -> str:
         """Fold a partial accumulator into ``acc`` (NaN flags are combined separately)."""
