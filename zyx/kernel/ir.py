@@ -589,8 +589,9 @@ class Kernel:
     """One launch: loops (outer first) over which every store runs, and the stores.
 
     ``then`` holds the other segments of a kernel whose loop was split (``opt.split_segments``): each is a
-    complete loop nest over the same params. ``parallel`` is how many outer loops the target may run in parallel; ``vector`` marks the innermost loop
-    as free of loop-carried dependencies (safe to vectorize). Optimizations return new kernels.
+    complete loop nest over the same params. ``parallel`` is how many outer loops the target may run in
+    parallel; ``vector`` marks the innermost loop as free of loop-carried dependencies (safe to vectorize).
+    Optimizations return new kernels.
     """
 
     name: str
