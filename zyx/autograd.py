@@ -351,6 +351,22 @@ class Prod(Function):
         return (_mul(g.expand(grad, x.shape), _div(g.expand(self.y, x.shape), x)),)
 
 
+class Scan(Function):
+    def forward(self, x, op="add", axis=0):
+        self.x, self.op, self.axis = x, op, axis
+        self.y = g.scan(op, x, axis)
+        return self.y
+
+    def backward(self, grad):
+        # d out_k / d x_i (i <= k) is 1 for a sum, out_k / x_i for a product (exact when x has no zeros, as Prod):
+        # both are a reverse running sum
+        ax, n = self.axis, self.x.shape[self.axis]
+        rev = tuple((n - 1, -1, -1) if i == ax else (0, s, 1) for i, s in enumerate(self.x.shape))
+        g_in = grad if self.op == "add" else _mul(grad, self.y)
+        out = g.shrink(g.scan("add", g.shrink(g_in, rev), ax), rev)
+        return (out if self.op == "add" else _div(out, self.x),)
+
+
 # ---- movement --------------------------------------------------------------------------------------------------
 
 

@@ -781,20 +781,23 @@ class Tensor:
         x = self._float()
         return x - x.logsumexp(axis, keepdim=True)
 
-    def cumsum(self, axis: int = 0, dim=None):
-        axis = _alias(axis, dim)
+    def cumsum(self, axis: int = 0, dim=None, dtype=None):
+        """Inclusive running sum along ``axis`` (integers and bool accumulate in 64 bits, as NumPy)."""
+        return self._scan(axis, dim, dtype, "add")
+
+    def cumprod(self, axis: int = 0, dim=None, dtype=None):
+        """Inclusive running product along ``axis``."""
+        return self._scan(axis, dim, dtype, "mul")
+
+    def _scan(self, axis, dim, dtype, op: str) -> Tensor:
         x = self._on_compute()
         if x.ndim == 0:
-            return x.reshape(1)
-        ax = _norm_axis(axis, x.ndim)
-        x = x.cast(_sum_dtype(x.dtype))
-        n = x.shape[ax]
-        xt = x.transpose(ax, -1)
-        i = Tensor._from_class(g.iota(n, dtypes.int64, x.device))
-        mask = i.reshape(n, 1) >= i.reshape(1, n)  # [out i, in j]: j <= i
-        shape = xt.shape[:-1] + (n, n)
-        terms = mask.broadcast_to(shape).where(xt.unsqueeze(-2).broadcast_to(shape), 0)
-        return terms.sum(-1).transpose(ax, -1)
+            x = x.reshape(1)
+        ax = _norm_axis(_alias(axis, dim), x.ndim)
+        x = x.cast(dtypes.to_dtype(dtype) if dtype is not None else _sum_dtype(x.dtype))
+        if x.shape[ax] == 0:
+            return x
+        return _scan_last(x.transpose(ax, -1), op).transpose(ax, -1)
 
     # ---- movement --------------------------------------------------------------------------------------------
     def reshape(self, *shape) -> Tensor:
@@ -1026,6 +1029,28 @@ def _scalar_default(v) -> DType:
     if isinstance(v, int):
         return dtypes.int64
     return dtypes.default_float
+
+
+SCAN_BLOCK = 1024
+
+
+def _scan_last(x: Tensor, op: str) -> Tensor:
+    """Inclusive scan along the last axis. Short axes are one scan kernel (a serial loop per row, rows in
+    parallel); a long axis is cut into blocks of ``SCAN_BLOCK`` scanned in parallel, the block totals are
+    scanned recursively, and each block then combines with the total of the blocks before it: O(n) work."""
+    n, lead = x.shape[-1], x.shape[:-1]
+    if n <= 2 * SCAN_BLOCK:
+        return F.Scan.apply(x, op=op, axis=x.ndim - 1)
+    ident = 0 if op == "add" else 1
+    b = SCAN_BLOCK
+    nb = -(-n // b)
+    if nb * b != n:
+        x = x.pad(((0, 0),) * len(lead) + ((0, nb * b - n),), value=ident)
+    local = F.Scan.apply(x.reshape(*lead, nb, b), op=op, axis=len(lead) + 1)
+    totals = _scan_last(local[..., b - 1], op)  # inclusive totals of blocks 0..k
+    before = totals.pad(((0, 0),) * len(lead) + ((1, 0),), value=ident)[..., :nb].unsqueeze(-1)
+    out = local + before if op == "add" else local * before
+    return out.reshape(*lead, nb * b)[..., :n]
 
 
 def _sum_dtype(d: DType) -> DType:

@@ -762,6 +762,18 @@ def multi_output(rng):
     return [x.sum(1), x.max(1), x * 2, (x * 2).exp()], [a.sum(1), a.max(1), a * 2, np.exp(a * 2)], dict(rtol=1e-5)
 
 
+@case
+def scans_and_cat(rng):
+    a = rng.standard_normal((5, 3000)).astype(np.float32)  # 3000 > 2 * SCAN_BLOCK: the blocked scan
+    b = rng.integers(-100, 100, size=(7, 9)).astype(np.int8)
+    c = rng.uniform(0.9, 1.1, size=(4, 6)).astype(np.float64)
+    x, y, z = zyx.Tensor(a), zyx.Tensor(b), zyx.Tensor(c)
+    pieces = [a[:, :7], a[:, 7:8], a[:, 8:30]]
+    return ([x.cumsum(1), y.cumsum(0), z.cumprod(1), zyx.cat([x[:, :7], x[:, 7:8], x[:, 8:30]], 1)],
+            [np.cumsum(a.astype(np.float64), 1), np.cumsum(b, 0), np.cumprod(c, 1), np.concatenate(pieces, 1)],
+            dict(rtol=1e-4, atol=2e-4))
+
+
 def _splitmix(n: int, seed: int, offset: int) -> np.ndarray:
     """zyx's counter-based random bits (``zyx.tensor._random_bits``) in NumPy."""
     with np.errstate(over="ignore"):

@@ -118,7 +118,7 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
 
     stored: set[Class] = set(outputs)
     for c in order:
-        if c.op in (Op.COPY, Op.CONTIGUOUS):
+        if c.op in (Op.COPY, Op.CONTIGUOUS, Op.SCAN):
             stored.add(c)
             if c.op is Op.COPY:
                 stored.add(c.srcs[0])
@@ -127,6 +127,9 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
             stored.add(c)
             stored.update(n.arg.inputs)
 
+    for c in order:  # a scan kernel holds no reduce: a reduce feeding it is stored first
+        if c.op is Op.SCAN and _cone_cost(c.srcs[0], stored, {}) >= 1 << 20:
+            stored.add(c.srcs[0])
     position = {id(c): i for i, c in enumerate(order)}
     by_id = {id(c): c for c in order}
     for _round in range(len(order) + 2):
@@ -178,7 +181,8 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
         buckets: dict[tuple, list[list[Class]]] = {}
         for u, ms in members.items():
             if id(ms[0]) in root_ids:
-                buckets.setdefault((depth[u], ms[0].device, ms[0].shape), []).append(ms)
+                alone = id(ms[0]) if ms[0].op is Op.SCAN else None  # a scan's loop order is its own
+                buckets.setdefault((depth[u], ms[0].device, ms[0].shape, alone), []).append(ms)
         groups = [(key[0], g) for key, units_ in buckets.items() for g in _share_groups(units_, reads)]
         result: list[KernelGroup] = []
         grew = False
@@ -225,7 +229,7 @@ def _contract(units: list[Class], deps: dict[int, list[Class]], root_ids: set[in
         if id(c) not in root_ids:
             continue
         for d in deps[id(c)]:
-            if id(d) not in root_ids or d.shape != c.shape or d.device != c.device:
+            if id(d) not in root_ids or d.shape != c.shape or d.device != c.device or Op.SCAN in (c.op, d.op):
                 continue
             a, b = find(id(d)), find(id(c))
             if a == b:

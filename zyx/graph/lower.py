@@ -87,7 +87,8 @@ class KernelBuilder:
         self._next_range = 0
         self.reduce_class: dict[Expr, Class] = {}
         self.stores: list[ir.Store] = []
-        self.loops: tuple[Expr, ...] = ()
+        self.loops: tuple[Expr, ...] = ()  # one range per output dimension
+        self.loop_order: tuple[Expr, ...] = ()  # the loop nest, outermost first, when not ``loops``
 
     def new_range(self, size: int) -> Expr:
         r = ir.range_(self._next_range, size)
@@ -104,14 +105,18 @@ class KernelBuilder:
         return p
 
     def add_output(self, c: Class) -> None:
-        """Store ``c`` contiguously over loops covering its shape (all outputs share one shape)."""
+        """Store ``c`` contiguously over loops covering its shape (all outputs share one shape). A scan's
+        axis becomes the innermost loop: the scan carries its accumulator along that loop."""
         if not self.loops:
             self.loops = tuple(self.new_range(s) for s in c.shape)
+            if c.op is Op.SCAN:
+                ax = c.node.arg[1]
+                self.loop_order = self.loops[:ax] + self.loops[ax + 1:] + (self.loops[ax],)
         p = self._param(c, "out")
         self.stores.append(ir.Store(p, ravel(self.loops, c.shape), self._lower_root(c, self.loops)))
 
     def kernel(self) -> ir.Kernel:
-        return ir.Kernel(self.name, tuple(self.params), self.loops, tuple(self.stores))
+        return ir.Kernel(self.name, tuple(self.params), self.loop_order or self.loops, tuple(self.stores))
 
     def _lower_root(self, c: Class, idx: tuple[Expr, ...]) -> Expr:
         return self._compute(c, idx, None)
@@ -162,6 +167,12 @@ class KernelBuilder:
             if e.op is Ops.REDUCE:
                 self.reduce_class[e] = c
             return e
+        if op is Op.SCAN:
+            rop, axis = arg
+            r = idx[axis]
+            if r.op is not Ops.RANGE or not self.loop_order or r is not self.loop_order[-1]:
+                raise NotImplementedError("a scan is computed only by its own kernel (it is always stored)")
+            return ir.scan(REDUCE_IR[rop], self.lower(srcs[0], idx, gate), r)
         if op is Op.RESHAPE:
             return self.lower(srcs[0], reshape_index(idx, c.shape, srcs[0].shape), gate)
         if op is Op.PERMUTE:

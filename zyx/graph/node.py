@@ -71,6 +71,8 @@ class Op(enum.Enum):
     WHERE = "where"
     # reduce: arg = (op name in {"add", "mul", "max", "min", "or", "and"}, axes)
     REDUCE = "reduce"
+    # inclusive scan along one axis: arg = (op name in {"add", "mul"}, axis); always stored (its own kernel)
+    SCAN = "scan"
     # movement (index arithmetic in the consumer, never a launch)
     RESHAPE = "reshape"  # arg = new shape
     PERMUTE = "permute"  # arg = order

@@ -54,6 +54,13 @@ def reduce(op: str, x: Class, axes: tuple[int, ...]) -> Class:
     return make(Op.REDUCE, (x,), (op, axes), shape, x.dtype, x.device)
 
 
+def scan(op: str, x: Class, axis: int) -> Class:
+    """Inclusive running ``op`` ("add" or "mul") along ``axis``."""
+    if x.shape[axis] == 1:
+        return x
+    return make(Op.SCAN, (x,), (op, axis), x.shape, x.dtype, x.device)
+
+
 def reshape(x: Class, shape: tuple[int, ...]) -> Class:
     shape = tuple(shape)
     if shape == x.shape:

@@ -11,7 +11,8 @@ Terms (``linearize`` places every statement in the block of the innermost loop i
 
 Strategies (every kernel gets one; each is correct for every kernel it is chosen for):
 
-``thread``  one thread per iteration of all output loops, flattened into one index ``gid`` (decoded by
+``thread``  one thread per iteration of all output loops (all but the innermost for a scan, which runs serially
+            in the thread), flattened into one index ``gid`` (decoded by
             ``//`` and ``%``); a grid-stride loop covers any size. Chosen when there is no reduce, or when every
             top-level reduce is at the innermost depth (``s == n``), each load in the reduce bodies is the same
             or the next element for adjacent outputs (coalesced across threads), and there are enough outputs to
@@ -200,7 +201,10 @@ def _grid(items: int, per_block: int, info: DeviceInfo) -> tuple[int, int, int]:
 
 
 def _thread_geometry(k: Kernel, info: DeviceInfo) -> Geometry:
-    n, items = len(k.loops), k.size
+    n = len(k.loops)
+    if k.scan_ranges():
+        n -= 1  # the scan's loop (innermost) runs serially in each thread
+    items = math.prod(r.arg[1] for r in k.loops[:n])
     threads = min(THREADS_PER_BLOCK, max(WARP, -(-items // WARP) * WARP))
     return Geometry("thread", n, n, items, 1, 1, _grid(items, threads, info), (threads, 1, 1))
 
@@ -224,6 +228,10 @@ def plan(k: Kernel, info: DeviceInfo) -> Geometry:
     root = linearize(k)
     depths = reduce_depths(root)
     s = depths[0] if depths else len(k.loops)
+    if k.scan_ranges():
+        if depths:
+            raise NotImplementedError(f"kernel {k.name}: a scan kernel holds no reduce (fusion stores it first)")
+        return _thread_geometry(k, info)
     if not depths or (s == len(k.loops) and _prefer_thread(k, root, info)):
         return _thread_geometry(k, info)
     return _group_geometry(root, s, info)

@@ -11,6 +11,8 @@ Invariants:
   the division simplifications are applied only to provably non-negative numerators.
 - ``LOAD`` may carry a gate: a false gate yields 0 and touches no memory.
 - ``REDUCE`` owns its ``RANGE`` nodes; ranges are unique to the reduce or output loop that declares them.
+- ``SCAN`` runs along an output loop: that loop is the kernel's innermost, serial, and never merged, split or
+  reordered (``Kernel.scan_ranges``).
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ class Ops(enum.IntEnum):
     BITCAST = enum.auto()
     # loops
     REDUCE = enum.auto()  # srcs = (value,), arg = (op, ranges); dtype = accumulator dtype
+    SCAN = enum.auto()  # srcs = (value, range): the fold of ``value`` over range values <= the current; arg = op
 
 
 Ops.__hash__ = object.__hash__  # members are singletons: identity hashing is exact and much faster
@@ -510,6 +513,19 @@ def reduce(op: Ops, value: Expr, ranges: tuple[Expr, ...], acc_dtype: DType | No
     return _make(Ops.REDUCE, acc_dtype or value.dtype, (value,), (op, ranges))
 
 
+SCAN_OPS = frozenset({Ops.ADD, Ops.MUL})
+
+
+def scan(op: Ops, value: Expr, r: Expr) -> Expr:
+    """Inclusive running ``op`` of ``value`` along output loop ``r`` (a loop of one iteration: ``value``)."""
+    assert op in SCAN_OPS
+    if r.op is Ops.CONST:
+        return value
+    if r.op is not Ops.RANGE:
+        raise ValueError(f"a scan runs along a loop range, not {r!r}")
+    return _make(Ops.SCAN, value.dtype, (value, r), op)
+
+
 def substitute(e: Expr, mapping: dict[Expr, Expr], memo: dict | None = None) -> Expr:
     """Rebuild ``e`` with nodes replaced per ``mapping``, re-simplifying on the way up."""
     memo = {} if memo is None else memo
@@ -532,6 +548,8 @@ def substitute(e: Expr, mapping: dict[Expr, Expr], memo: dict | None = None) -> 
         out = cast(srcs[0], e.dtype)
     elif e.op is Ops.BITCAST:
         out = bitcast(srcs[0], e.dtype)
+    elif e.op is Ops.SCAN:
+        out = scan(e.arg, *srcs)
     elif e.op is Ops.DIV and e.dtype.is_int and srcs[1].op is Ops.CONST and srcs[1].arg > 0 and srcs[0].vmin >= 0:
         out = idiv(srcs[0], srcs[1].arg)
     elif e.op is Ops.MOD and e.dtype.is_int and srcs[1].op is Ops.CONST and srcs[1].arg > 0 and srcs[0].vmin >= 0:
@@ -611,3 +629,7 @@ class Kernel:
 
     def reduces(self) -> list[Expr]:
         return [e for e in toposort([s.value for s in self.stores]) if e.op is Ops.REDUCE]
+
+    def scan_ranges(self) -> frozenset[Expr]:
+        """The output loop ranges that scans run along."""
+        return frozenset(e.srcs[1] for e in toposort([s.value for s in self.stores]) if e.op is Ops.SCAN)

@@ -32,6 +32,14 @@ class Loop:
 
 
 @dataclass(eq=False)
+class ScanInit:
+    """Declare the accumulator of scan ``expr`` before the loop it runs along; ``expr`` itself is then a
+    statement of that loop's body that folds in its value and names the running result."""
+
+    expr: Expr
+
+
+@dataclass(eq=False)
 class Reduce:
     """Accumulate ``expr.srcs[0]`` over ``loop`` (a nest of the reduce's ranges) into ``expr``'s variable."""
 
@@ -44,9 +52,11 @@ class Reduce:
 def linearize(k: Kernel) -> Block:
     root = Block()
     block_of: dict[Expr, Block] = {}
+    parent_of: dict[Expr, Block] = {}
     depth: dict[Expr, int] = {}
     cur = root
     for i, r in enumerate(k.loops):
+        parent_of[r] = cur
         kind = "parallel" if i < k.parallel else "serial"
         if i == len(k.loops) - 1 and k.vector:
             kind = "simd" if kind == "serial" else "parallel_simd"
@@ -109,6 +119,10 @@ def linearize(k: Kernel) -> Block:
             return
         for s in e.srcs:
             emit(s)
+        if e.op is Ops.SCAN:
+            r = e.srcs[1]
+            assert home(e) is block_of[r], "a scan's loop must be the innermost loop its value depends on"
+            parent_of[r].stmts.append(ScanInit(e))
         home(e).stmts.append(e)
         emitted.append(e)
 
@@ -133,4 +147,4 @@ def walk(block: Block):
         yield s
 
 
-__all__ = ["Block", "Loop", "Reduce", "Store", "linearize", "walk"]
+__all__ = ["Block", "Loop", "Reduce", "ScanInit", "Store", "linearize", "walk"]

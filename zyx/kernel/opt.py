@@ -56,8 +56,12 @@ def merge_loops(k: Kernel) -> Kernel:
     loops = list(k.loops)
     i = len(loops) - 2
     next_id = max((r.arg[0] for r in _every_range(k)), default=0) + 1
+    scans = k.scan_ranges()
     while i >= 0:
         a, b = loops[i], loops[i + 1]
+        if a in scans or b in scans:
+            i -= 1
+            continue
         nb = b.arg[1]
         merged = ir.range_(next_id, a.arg[1] * nb)
         cand = _substitute_kernel(k, {a: merged // nb, b: merged % nb},
@@ -86,7 +90,7 @@ def interchange_reduce(k: Kernel) -> Kernel:
     """Put the innermost output loop inside a reduce that depends on it, when the reduce's loads walk that
     output axis contiguously but its own axis with a stride (matmul, column sums): the reduce keeps one
     accumulator per output element of a tile (``meta["vector_acc"]``) and the tile loop vectorizes."""
-    if not k.loops or k.split_reduce:
+    if not k.loops or k.split_reduce or k.scan_ranges():
         return k
     j = k.loops[-1]
     reds = [e for e in k.reduces() if j in e.ranges]
@@ -124,12 +128,13 @@ def parallelize(k: Kernel, info: DeviceInfo) -> Kernel:
         if w >= SPLIT_REDUCE_MIN and len(root_reds) == 1 and len(reds) == 1:
             return replace(k, split_reduce=True)
         return k
-    if w < PARALLEL_MIN_WORK:
+    if w < PARALLEL_MIN_WORK or k.loops[0] in k.scan_ranges():
         return k
     n = 1
     outer = k.loops[0].arg[1]
     # collapse a short outer loop with the next one so every compute unit gets work
-    if outer < 4 * info.compute_units and len(k.loops) > 1 and not _reduce_depends_between(k):
+    if outer < 4 * info.compute_units and len(k.loops) > 1 and not _reduce_depends_between(k) and \
+            k.loops[1] not in k.scan_ranges():
         n = 2
     return replace(k, parallel=n)
 
@@ -147,6 +152,8 @@ def vectorize(k: Kernel) -> Kernel:
     if not k.loops:
         return k
     inner = k.loops[-1]
+    if inner in k.scan_ranges():
+        return k  # the scan carries its value from one iteration to the next
     for e in k.reduces():
         if inner in e.ranges:
             return k  # a reduce inside the innermost loop: vectorize the reduce instead
@@ -188,6 +195,8 @@ def split_segments(k: Kernel) -> list[Kernel]:
         return [k]
     best, best_cuts = None, set()
     for r in k.loops:
+        if r in k.scan_ranges():
+            continue  # a scan runs across the segments
         cuts = _cuts(k, r)
         if len(cuts) > len(best_cuts):
             best, best_cuts = r, cuts

@@ -15,7 +15,7 @@ from zyx.dtypes import DType
 from zyx.kernel import ir
 from zyx.kernel.c_math import C_MATH_FUNCTIONS, C_MATH_PRELUDE
 from zyx.kernel.ir import Expr, Kernel, Ops, Store
-from zyx.kernel.linearize import Block, Loop, Reduce, linearize
+from zyx.kernel.linearize import Block, Loop, Reduce, ScanInit, linearize
 
 HALFS = (dtypes.float16, dtypes.bfloat16)
 
@@ -204,6 +204,15 @@ class CStyleRenderer:
         lit_d = dtypes.float64 if acc_t == "double" else (dtypes.float32 if d in HALFS else d)
         return self.literal(v, lit_d)
 
+    def scan_init(self, e: Expr, acc: str) -> str:
+        """Declare scan ``e``'s running value (float registers for 16-bit floats, as every value)."""
+        lit_d = dtypes.float32 if e.dtype in HALFS else e.dtype
+        return f"{self.reg_type(e.dtype)} {acc} = {self.literal(0 if e.arg is Ops.ADD else 1, lit_d)};"
+
+    def scan_step(self, e: Expr, acc: str, v: str) -> str:
+        """Fold one value into the running result, rounded to the dtype after every step (as NumPy's cumsum)."""
+        return f"{acc} = {self.round_half(f'{acc} {_INFIX[e.arg]} {v}', e.dtype)};"
+
     def update(self, op: Ops, acc: str, v: str, d: DType) -> str:
         if op is Ops.ADD:
             return f"{acc} += {v};"
@@ -261,6 +270,9 @@ class CRenderer(CStyleRenderer):
         def emit_stmt(s, ind: str) -> None:
             if isinstance(s, Reduce):
                 emit_reduce(s, ind)
+            elif isinstance(s, ScanInit):
+                acc_name[s.expr] = fresh("scan")
+                lines.append(ind + self.scan_init(s.expr, acc_name[s.expr]))
             elif isinstance(s, Store):
                 p = k.params[s.param]
                 val = operand(s.value)
@@ -270,6 +282,9 @@ class CRenderer(CStyleRenderer):
                 lines.append(f"{ind}p{s.param}[{idx}] = {self.to_storage(val, p.dtype)};")
             elif s.op is Ops.REDUCE:  # the accumulate statement at the end of the innermost reduce loop
                 lines.append(ind + self.update(s.arg[0], acc_name[s], operand(s.srcs[0]), s.dtype))
+            elif s.op is Ops.SCAN:
+                lines.append(ind + self.scan_step(s, acc_name[s], operand(s.srcs[0])))
+                name[s] = acc_name[s]
             else:
                 nm = fresh("v")
                 rhs = self.expr(s, name, k.params)

@@ -40,7 +40,7 @@ from zyx.dtypes import DType
 from zyx.kernel import gpu, ir
 from zyx.kernel.gpu import Geometry
 from zyx.kernel.ir import Expr, Kernel, Ops, Store
-from zyx.kernel.linearize import Block, Loop, Reduce, linearize
+from zyx.kernel.linearize import Block, Loop, Reduce, ScanInit, linearize
 from zyx.kernel.render import CStyleRenderer, _int_helpers
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
@@ -289,18 +289,22 @@ class _Writer:
             self.group_frame(root)
 
     def thread_frame(self, root: Block) -> None:
-        """One thread per iteration of all output loops (grid-stride)."""
+        """One thread per iteration of output loops [0, split) (grid-stride); deeper loops (a scan's) run
+        serially in the thread."""
         g = self.g
         blocks, loops = gpu.output_blocks(root), gpu.output_loops(root)
+        s = g.split
         b = g.block_threads
         it = index_type(g.items + g.grid[0] * b)
         self.emit("  ", f"for ({it} zi = ({it})blockIdx.x * {b} + threadIdx.x; zi < {g.items}; "
                         f"zi += ({it})gridDim.x * {b}) {{")
         ind = "    "
-        self.decode(loops, "zi", ind)
-        for blk in blocks:
+        self.decode(loops[:s], "zi", ind)
+        for blk in blocks[:s + 1]:
             self.stmts(blk, ind)
-        for blk in reversed(blocks):
+        if s < len(loops):
+            self.serial_loop(loops[s], ind)
+        for blk in reversed(blocks[:s + 1]):
             self.tail(blk, ind)
         self.emit("  ", "}")
 
@@ -362,6 +366,12 @@ class _Writer:
                     self.coop_reduce(st, ind)
                 else:
                     self.serial_reduce(st, ind)
+            elif isinstance(st, ScanInit):
+                self.acc[st.expr] = self.fresh("scan")
+                self.emit(ind, self.r.scan_init(st.expr, self.acc[st.expr]))
+            elif st.op is Ops.SCAN:
+                self.emit(ind, self.r.scan_step(st, self.acc[st], self.value(st.srcs[0])))
+                self.name[st] = self.acc[st]
             else:
                 self.define(st, ind)
 
