@@ -183,6 +183,23 @@ class Tensor:
                              "use .any() or .all()")
         return bool(self.item())
 
+    def _scalar(self, kind: str) -> Scalar:
+        if self.numel() != 1:
+            raise ValueError(f"{kind}() needs a tensor with one element, this one has shape {self.shape}; "
+                             "index it or reduce it first")
+        return self.item()
+
+    def __float__(self) -> float:
+        return float(self._scalar("float"))
+
+    def __int__(self) -> int:
+        return int(self._scalar("int"))
+
+    def __index__(self) -> int:
+        if self.dtype.is_float or self.dtype.kind == "b":
+            raise TypeError(f"only integer tensors of one element can be used as an index, not {self.dtype.name}")
+        return int(self._scalar("index"))
+
     # ---- realization and output ------------------------------------------------------------------------------
     def realize(self) -> Tensor:
         realize(self)
@@ -682,28 +699,33 @@ class Tensor:
             out = out.reshape(tuple(s for i, s in enumerate(x.shape) if i not in axes))
         return out
 
-    def sum(self, axis=None, keepdim: bool = False, dtype=None, dim=None):
+    def sum(self, axis=None, keepdim: bool = False, dtype=None, dim=None, keepdims: bool | None = None):
+        keepdim = _keepdim(keepdim, keepdims)
         axis = _alias(axis, dim)
         x = self._on_compute()
         d = dtypes.to_dtype(dtype) if dtype is not None else _sum_dtype(x.dtype)
         return x.cast(d)._reduce(F.Sum, axis, keepdim, "sum", 0)
 
-    def prod(self, axis=None, keepdim: bool = False, dtype=None, dim=None):
+    def prod(self, axis=None, keepdim: bool = False, dtype=None, dim=None, keepdims: bool | None = None):
+        keepdim = _keepdim(keepdim, keepdims)
         axis = _alias(axis, dim)
         x = self._on_compute()
         d = dtypes.to_dtype(dtype) if dtype is not None else _sum_dtype(x.dtype)
         return x.cast(d)._reduce(F.Prod, axis, keepdim, "prod", 1)
 
-    def max(self, axis=None, keepdim: bool = False, dim=None):
+    def max(self, axis=None, keepdim: bool = False, dim=None, keepdims: bool | None = None):
+        keepdim = _keepdim(keepdim, keepdims)
         return self._reduce(F.Max, _alias(axis, dim), keepdim, "max")
 
-    def min(self, axis=None, keepdim: bool = False, dim=None):
+    def min(self, axis=None, keepdim: bool = False, dim=None, keepdims: bool | None = None):
+        keepdim = _keepdim(keepdim, keepdims)
         return self._reduce(F.Min, _alias(axis, dim), keepdim, "min")
 
     amax = max
     amin = min
 
-    def mean(self, axis=None, keepdim: bool = False, dim=None):
+    def mean(self, axis=None, keepdim: bool = False, dim=None, keepdims: bool | None = None):
+        keepdim = _keepdim(keepdim, keepdims)
         axis = _alias(axis, dim)
         x = self._float()
         axes = _norm_axes(axis, x.ndim)
@@ -711,7 +733,9 @@ class Tensor:
         s = x.sum(axis, keepdim)
         return s * (1.0 / n) if n else s * math.nan
 
-    def var(self, axis=None, keepdim: bool = False, ddof: int = 0, correction: int | None = None, dim=None):
+    def var(self, axis=None, keepdim: bool = False, ddof: int = 0, correction: int | None = None, dim=None,
+            keepdims: bool | None = None):
+        keepdim = _keepdim(keepdim, keepdims)
         axis = _alias(axis, dim)
         ddof = correction if correction is not None else ddof
         x = self._float()
@@ -721,13 +745,17 @@ class Tensor:
         ss = (d * d).sum(axes, keepdim)
         return ss * (1.0 / (n - ddof)) if n - ddof > 0 else ss * math.nan
 
-    def std(self, axis=None, keepdim: bool = False, ddof: int = 0, correction: int | None = None, dim=None):
+    def std(self, axis=None, keepdim: bool = False, ddof: int = 0, correction: int | None = None, dim=None,
+            keepdims: bool | None = None):
+        keepdim = _keepdim(keepdim, keepdims)
         return self.var(axis, keepdim, ddof, correction, dim).sqrt()
 
-    def any(self, axis=None, keepdim: bool = False, dim=None):
+    def any(self, axis=None, keepdim: bool = False, dim=None, keepdims: bool | None = None):
+        keepdim = _keepdim(keepdim, keepdims)
         return _bool_reduce(self, "or", _alias(axis, dim), keepdim, False)
 
-    def all(self, axis=None, keepdim: bool = False, dim=None):
+    def all(self, axis=None, keepdim: bool = False, dim=None, keepdims: bool | None = None):
+        keepdim = _keepdim(keepdim, keepdims)
         return _bool_reduce(self, "and", _alias(axis, dim), keepdim, True)
 
     def _arg_extreme(self, axis, keepdim: bool, largest: bool) -> Tensor:
@@ -755,13 +783,16 @@ class Tensor:
             out = out.reshape((1,) * self.ndim)
         return out
 
-    def argmax(self, axis=None, keepdim: bool = False, dim=None):
+    def argmax(self, axis=None, keepdim: bool = False, dim=None, keepdims: bool | None = None):
+        keepdim = _keepdim(keepdim, keepdims)
         return self._arg_extreme(_alias(axis, dim), keepdim, True)
 
-    def argmin(self, axis=None, keepdim: bool = False, dim=None):
+    def argmin(self, axis=None, keepdim: bool = False, dim=None, keepdims: bool | None = None):
+        keepdim = _keepdim(keepdim, keepdims)
         return self._arg_extreme(_alias(axis, dim), keepdim, False)
 
-    def logsumexp(self, axis=None, keepdim: bool = False, dim=None):
+    def logsumexp(self, axis=None, keepdim: bool = False, dim=None, keepdims: bool | None = None):
+        keepdim = _keepdim(keepdim, keepdims)
         axis = _alias(axis, dim)
         x = self._float()
         axes = _norm_axes(axis, x.ndim)
@@ -988,6 +1019,11 @@ F.Function.tensor_type = Tensor
 
 # ---------------------------------------------------------------------------------------------------------------
 # module-level op helpers
+
+
+def _keepdim(keepdim: bool, keepdims: bool | None) -> bool:
+    """PyTorch's ``keepdim`` or NumPy's ``keepdims``."""
+    return keepdim if keepdims is None else bool(keepdims)
 
 
 def _alias(axis, dim):

@@ -164,7 +164,7 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
             else:
                 ds = _loads(c, n, stored, inline)
             reads[id(c)] = ds
-            deps[id(c)] = [aliases.get(id(d), d) for d in ds if not d.realized]
+            deps[id(c)] = [a for a in (aliases.get(id(d), d) for d in ds) if not a.realized]
         root_ids = {id(c) for c in roots}
         unit_of = _contract(units, deps, root_ids)
         members: dict[int, list[Class]] = {}

@@ -231,7 +231,9 @@ class KernelBuilder:
         fl = ir.alu(Ops.FLOOR, div)
         fl = ir.where(ir.alu(Ops.CMPLT, ir.const(0.5, d), ir.alu(Ops.SUB, div, fl)),
                       ir.alu(Ops.ADD, fl, ir.const(1.0, d)), fl)
-        return ir.where(ir.alu(Ops.CMPEQ, b, zero), ir.alu(Ops.DIV, a, b), fl)
+        q = ir.alu(Ops.DIV, a, b)
+        fl = ir.where(ir.alu(Ops.CMPEQ, div, zero), _signed_zero(q), fl)  # a zero quotient has the sign of a / b
+        return ir.where(ir.alu(Ops.CMPEQ, b, zero), q, fl)
 
     @staticmethod
     def _remainder(a: Expr, b: Expr) -> Expr:
@@ -241,7 +243,17 @@ class KernelBuilder:
         m = ir.alu(Ops.MOD, a, b)
         fix = ir.and_(ir.alu(Ops.CMPNE, m, zero),
                       ir.alu(Ops.CMPNE, ir.alu(Ops.CMPLT, b, zero), ir.alu(Ops.CMPLT, m, zero)))
+        m = ir.where(ir.alu(Ops.CMPEQ, m, zero), _signed_zero(b), m)  # a zero remainder has the divisor's sign
         return ir.where(fix, ir.alu(Ops.ADD, m, b), m)
+
+
+def _signed_zero(x: Expr) -> Expr:
+    """``copysign(0, x)`` for a float ``x`` (the sign of a zero is the sign of its reciprocal)."""
+    d = x.dtype
+    zero = ir.const(0.0, d)
+    neg = ir.alu(Ops.OR, ir.alu(Ops.CMPLT, x, zero),
+                 ir.and_(ir.alu(Ops.CMPEQ, x, zero), ir.alu(Ops.CMPLT, ir.alu(Ops.RECIP, x), zero)))
+    return ir.where(neg, ir.const(-0.0, d), zero)
 
 
 def recompute_factors(k: ir.Kernel) -> dict[Expr, int]:

@@ -182,7 +182,12 @@ def _sound_bounds(bounds: tuple | None, dtype: DType) -> tuple:
 
 
 def _make(op: Ops, dtype: DType, srcs: tuple[Expr, ...] = (), arg=None, bounds: tuple | None = None) -> Expr:
-    karg = arg if op is not Ops.REDUCE else (arg[0], tuple(map(id, arg[1])))
+    if op is Ops.REDUCE:
+        karg = (arg[0], tuple(map(id, arg[1])))
+    elif type(arg) is float:
+        karg = ("f", arg.hex())  # -0.0 and 0.0 are different constants; every NaN is the same one
+    else:
+        karg = arg
     key = (op, dtype.name, tuple(id(s) for s in srcs), karg)
     e = _interned.get(key)
     if e is not None:

@@ -108,7 +108,7 @@ class CStyleRenderer:
         if op in _INFIX:
             return f"({a[0]} {_INFIX[op]} {a[1]})"
         if op is Ops.NEG:
-            return f"(-{a[0]})" if d.kind != "b" else f"({a[0]})"
+            return f"(-({a[0]}))" if d.kind != "b" else f"({a[0]})"
         if op is Ops.NOT:
             return f"(!{a[0]})" if d.kind == "b" else f"(~{a[0]})"
         if op in (Ops.AND, Ops.OR):
@@ -210,8 +210,8 @@ class CStyleRenderer:
         return f"{self.reg_type(e.dtype)} {acc} = {self.literal(0 if e.arg is Ops.ADD else 1, lit_d)};"
 
     def scan_step(self, e: Expr, acc: str, v: str) -> str:
-        """Fold one value into the running result, rounded to the dtype after every step (as NumPy's cumsum)."""
-        return f"{acc} = {self.round_half(f'{acc} {_INFIX[e.arg]} {v}', e.dtype)};"
+        """Fold one value into the running result (16-bit floats accumulate in float, as reductions do)."""
+        return f"{acc} {_INFIX[e.arg]}= {v};"
 
     def update(self, op: Ops, acc: str, v: str, d: DType) -> str:
         if op is Ops.ADD:
@@ -284,7 +284,7 @@ class CRenderer(CStyleRenderer):
                 lines.append(ind + self.update(s.arg[0], acc_name[s], operand(s.srcs[0]), s.dtype))
             elif s.op is Ops.SCAN:
                 lines.append(ind + self.scan_step(s, acc_name[s], operand(s.srcs[0])))
-                name[s] = acc_name[s]
+                name[s] = self.round_half(acc_name[s], s.dtype)
             else:
                 nm = fresh("v")
                 rhs = self.expr(s, name, k.params)

@@ -371,7 +371,7 @@ class _Writer:
                 self.emit(ind, self.r.scan_init(st.expr, self.acc[st.expr]))
             elif st.op is Ops.SCAN:
                 self.emit(ind, self.r.scan_step(st, self.acc[st], self.value(st.srcs[0])))
-                self.name[st] = self.acc[st]
+                self.name[st] = self.r.round_half(self.acc[st], st.dtype)
             else:
                 self.define(st, ind)
 

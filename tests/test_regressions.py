@@ -1,0 +1,230 @@
+"""Named regression tests: programs that once hung, folded to a wrong value or cost too much, with NumPy's answers.
+
+Each program runs under a wall-clock guard, so a scheduler that spins again fails here in seconds instead of
+stalling the suite.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import warnings
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+import zyx
+from zyx import debug, dtypes
+from zyx.kernel import ir
+from zyx.kernel.ir import Ops
+
+
+@contextmanager
+def finishes_within(seconds: int):
+    def fail(signum, frame):
+        raise TimeoutError(f"did not finish within {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, fail)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+# ---- issue 9: the five programs -------------------------------------------------------------------------------
+
+
+def test_reduce_of_an_expanded_product_schedules(device):
+    with finishes_within(30):
+        got = (zyx.Tensor(np.ones((1, 4, 1), np.float32), device=device) *
+               zyx.Tensor(np.ones((4, 2), np.float32), device=device)).expand(3, 4, 2).sum(1).numpy()
+    np.testing.assert_array_equal(got, np.full((3, 2), 4.0, np.float32))
+
+
+def test_integer_matmul_with_an_expanded_operand_schedules(device):
+    with finishes_within(30):
+        got = (zyx.Tensor(np.ones((1, 64), np.int32), device=device).expand(128, 64) @
+               zyx.Tensor(np.ones((64, 32), np.int32), device=device)).numpy()
+    np.testing.assert_array_equal(got, np.full((128, 32), 64, np.int32))
+
+
+def test_int8_overflow_is_not_folded_away_in_a_comparison(device):
+    with finishes_within(30):
+        got = (zyx.arange(100, dtype=zyx.int8, device=device) + 100 > 0).numpy().sum()
+    want = (np.arange(100, dtype=np.int8) + np.int8(100) > 0).sum()
+    assert got == want == 28
+
+
+def test_int8_floor_division_after_overflow(device):
+    with finishes_within(30):
+        got = ((zyx.arange(100, dtype=zyx.int8, device=device) + 100) // 3).numpy()
+    np.testing.assert_array_equal(got, (np.arange(100, dtype=np.int8) + np.int8(100)) // np.int8(3))
+
+
+def test_int32_overflow_is_not_folded_away_in_a_comparison(device):
+    with finishes_within(30):
+        got = ((zyx.arange(10, dtype=zyx.int32, device=device) + (2**31 - 5)) > 0).numpy()
+    np.testing.assert_array_equal(got, (np.arange(10, dtype=np.int32) + np.int32(2**31 - 5)) > 0)
+    assert got.tolist() == [True] * 5 + [False] * 5
+
+
+# ---- integer bounds in the kernel IR --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("d", [dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.int32, dtypes.int64])
+def test_bounds_that_may_wrap_cover_the_whole_range(d):
+    lo, hi = dtypes.int_range(d)
+    x = ir.cast(ir.range_(0, 100), d)
+    assert (x.vmin, x.vmax) == (0, 99)
+    wide = ir.add(x, ir.const(hi - 50, d))  # may exceed the range: nothing is known
+    assert (wide.vmin, wide.vmax) == (lo, hi)
+    assert ir.alu(Ops.CMPLT, ir.const(0, d), wide).op is not Ops.CONST  # not decided from wrong bounds
+    fits = ir.add(x, ir.const(hi - 99, d))  # provably no wrap: exact bounds, and decided comparisons
+    assert (fits.vmin, fits.vmax) == (hi - 99, hi)
+    assert ir.alu(Ops.CMPLE, ir.const(hi - 99, d), fits).arg is True
+
+
+def test_integer_constants_wrap_in_their_dtype():
+    assert ir.const(200, dtypes.int8).arg == -56 and ir.const(-1, dtypes.uint16).arg == 65535
+    x = ir.cast(ir.range_(0, 10), dtypes.int8)
+    s = ir.add(ir.add(x, ir.const(100, dtypes.int8)), ir.const(100, dtypes.int8))  # reassociated in the ring
+    assert any(e.op is Ops.CONST and e.arg == -56 for e in ir.toposort([s]))
+
+
+# ---- float -> integer casts: the defined conversion -----------------------------------------------------------
+
+
+def test_float_to_int_casts_of_nan_inf_and_out_of_range(device):
+    vals = np.array([np.nan, np.inf, -np.inf, 300.7, -300.7, 1e10, -1e10, 3e9, -1.5, 2.5e19, 1.5e19], np.float64)
+    want = {
+        "int8": [0, 0, 0, 44, -44, 0, 0, 0, -1, 0, 0],
+        "uint8": [0, 0, 0, 44, 212, 0, 0, 0, 255, 0, 0],
+        "int32": [-2**31] * 3 + [300, -300, -2**31, -2**31, -2**31, -1, -2**31, -2**31],
+        "uint32": [0, 0, 0, 300, 2**32 - 300, 1410065408, 2884901888, 3000000000, 2**32 - 1, 0, 0],
+        "int64": [-2**63] * 3 + [300, -300, 10**10, -10**10, 3 * 10**9, -1, -2**63, -2**63],
+        "uint64": [2**63, 0, 2**63, 300, 2**64 - 300, 10**10, 2**64 - 10**10, 3 * 10**9, 2**64 - 1, 0,
+                   15 * 10**18],
+    }
+    x = zyx.Tensor(vals, device=device)
+    for name, w in want.items():
+        got = x.cast(getattr(zyx, name))
+        assert got.numpy().tolist() == w, name
+        folded = zyx.full((len(vals),), 0.0, zyx.float64, device=device) + x  # not a constant: the kernel path
+        assert folded.cast(getattr(zyx, name)).numpy().tolist() == w, name
+    for v, w in zip(vals, want["int32"]):  # constant folding agrees with the kernels
+        assert zyx.full((2,), float(v), zyx.float64, device=device).cast(zyx.int32).numpy().tolist() == [w, w]
+
+
+# ---- cat / stack ------------------------------------------------------------------------------------------------
+
+
+def test_cat_of_64_pieces_is_one_kernel_with_one_load_per_element():
+    pieces = [zyx.Tensor(np.random.default_rng(i).standard_normal(1000).astype(np.float32)) for i in range(64)]
+    y = zyx.cat(pieces)
+    launches = debug.schedule(y)
+    assert [x.kind for x in launches] == ["generated"]
+    src = debug.kernel_source(y)[0]
+    body = src[src.index("void "):]
+    segments = body.split("\n  {\n")[1:]
+    assert len(segments) == 64
+    for seg in segments:
+        reads = re.findall(r"= (p\d+)\[", seg)
+        assert len(reads) == 1 and "?" not in seg  # one ungated load, no select, whatever the piece count
+    np.testing.assert_array_equal(y.numpy(), np.concatenate([p.numpy() for p in pieces]))
+
+
+def test_cat_and_stack_keep_every_bit(device):
+    a = np.array([-0.0, 0.0, np.nan, -np.inf], np.float32)
+    b = np.array([[-0.0, 1.0], [0.0, -0.0]], np.float32)
+    x, y = zyx.Tensor(a, device=device), zyx.Tensor(b, device=device)
+    got = zyx.cat([x, x[::-1], x], 0).numpy()
+    want = np.concatenate([a, a[::-1], a])
+    assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+    assert np.signbit(zyx.stack([x, x], 1).numpy()).tolist() == np.signbit(np.stack([a, a], 1)).tolist()
+    assert np.signbit(zyx.cat([y, y], 1).numpy()).tolist() == np.signbit(np.concatenate([b, b], 1)).tolist()
+    bools = zyx.cat([x > 0, x.isnan()]).numpy()
+    assert bools.tolist() == np.concatenate([a > 0, np.isnan(a)]).tolist()
+
+
+def test_gated_load_under_its_own_condition_is_the_load():
+    r = ir.range_(0, 10)
+    g = ir.alu(Ops.CMPLT, r, ir.const(5, ir.index_dtype))
+    ld = ir.load(1, dtypes.float32, r, g)
+    assert ir.where(g, ld, ir.const(0.0, dtypes.float32)) is ld
+    assert ir.where(g, ld, ir.const(-0.0, dtypes.float32)) is not ld  # -0.0 is not what a false gate yields
+
+
+# ---- cumsum / cumprod as a scan ---------------------------------------------------------------------------------
+
+
+def test_cumsum_of_a_million_is_a_few_linear_kernels(device):
+    a = np.random.default_rng(0).random((1, 1_000_000), dtype=np.float32)
+    y = zyx.Tensor(a, device=device).cumsum(1)
+    assert len(debug.schedule(y)) <= 4
+    ref = np.cumsum(a.astype(np.float64), 1)
+    assert np.abs(y.numpy() - ref).max() <= 2e-6 * ref[0, -1]  # NumPy's own float32 cumsum: ~1e-5
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int32", "bool", "float16", "float64"])
+def test_cumsum_and_cumprod_match_numpy(device, dtype):
+    rng = np.random.default_rng(3)
+    a = (rng.integers(0, 2, (3, 2500)) if dtype == "bool" else rng.integers(-100, 100, (3, 2500))).astype(dtype)
+    x = zyx.Tensor(a, device=device)
+    for axis in (0, 1, -1):
+        got, want = x.cumsum(axis).numpy(), np.cumsum(a, axis)
+        assert got.dtype == want.dtype, (got.dtype, want.dtype)
+        if dtype == "float16":  # accumulates in float32 (as reductions do): at least as close as NumPy's
+            exact = np.cumsum(a.astype(np.float64), axis)
+            assert np.abs(got - exact).max() <= np.abs(want.astype(np.float64) - exact).max()
+        else:
+            np.testing.assert_array_equal(got, want)
+    small = a[:, :7]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = np.cumprod(small, 1)
+    got = zyx.Tensor(small, device=device).cumprod(1).numpy()
+    if dtype == "float16":
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=1e-2)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+def test_cumsum_gradient_is_a_reverse_running_sum():
+    x = zyx.Tensor(np.arange(1.0, 6.0, dtype=np.float32), requires_grad=True)
+    w = zyx.Tensor(np.array([1.0, 2.0, 3.0, 4.0, 5.0], np.float32))
+    (x.cumsum(0) * w).sum().backward()
+    assert x.grad.numpy().tolist() == [15.0, 14.0, 12.0, 9.0, 5.0]
+    x = zyx.Tensor(np.array([1.0, 2.0, 3.0], np.float32), requires_grad=True)
+    x.cumprod(0).sum().backward()  # d/dx of x0 + x0 x1 + x0 x1 x2
+    assert x.grad.numpy().tolist() == [1 + 2 + 6, 1 + 3, 2]
+
+
+# ---- NumPy names ------------------------------------------------------------------------------------------------
+
+
+def test_keepdims_on_every_reduction(device):
+    a = np.random.default_rng(1).standard_normal((3, 4, 5)).astype(np.float32)
+    x = zyx.Tensor(a, device=device)
+    for name in ("sum", "prod", "max", "min", "mean", "var", "std", "any", "all", "argmax", "argmin", "logsumexp"):
+        fn = getattr(x, name)
+        assert fn(axis=1, keepdims=True).shape == (3, 1, 5), name
+        assert fn(axis=1, keepdims=False).shape == (3, 5), name
+        assert fn(1, keepdim=True).shape == (3, 1, 5), name
+    np.testing.assert_allclose(x.sum(axis=(0, 2), keepdims=True).numpy(), a.sum(axis=(0, 2), keepdims=True),
+                               rtol=1e-5)
+
+
+def test_python_scalars_of_one_element_tensors(device):
+    t = zyx.Tensor(np.array([[2.75]], np.float32), device=device)
+    assert float(t) == 2.75 and int(t) == 2 and bool(t) is True
+    assert int(zyx.Tensor(np.array(-3.9), device=device)) == -3
+    assert [10, 20, 30][zyx.Tensor(np.array(1), device=device)] == 20
+    with pytest.raises(ValueError, match=r"float\(\) needs a tensor with one element.*\(2,\)"):
+        float(zyx.Tensor(np.ones(2, np.float32), device=device))
+    with pytest.raises(ValueError, match="ambiguous"):
+        bool(zyx.Tensor(np.ones(2, np.float32), device=device))
+    with pytest.raises(TypeError, match="integer tensors"):
+        [1, 2][zyx.Tensor(np.array(1.0), device=device)]
