@@ -202,6 +202,15 @@ def test_cumsum_gradient_is_a_reverse_running_sum():
     assert x.grad.numpy().tolist() == [1 + 2 + 6, 1 + 3, 2]
 
 
+def test_elementwise_float_arithmetic_rounds_every_operation_as_numpy(device):
+    rng = np.random.default_rng(0)
+    a, b, c = (rng.standard_normal(4096).astype(np.float32) for _ in range(3))
+    x, y, z = (zyx.Tensor(v, device=device) for v in (a, b, c))
+    np.testing.assert_array_equal((x * y + z).numpy(), a * b + c)  # no fused multiply-add contraction
+    v = zyx.Tensor(np.full((108,), -27, np.int64), device=device).mean()
+    assert ((0.0 - v) + v).item() == 0.0
+
+
 # ---- NumPy names ------------------------------------------------------------------------------------------------
 
 

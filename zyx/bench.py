@@ -97,6 +97,20 @@ def row_sum(args) -> Row:
 
 
 @case
+def cumsum(args) -> Row:
+    n = 1 << args.scale  # 2^20 at the default scale (about the 1,000,000)
+    x = np.random.default_rng(0).random((1, n), dtype=np.float32)
+    X = zyx.Tensor(x).realize()
+    row = Row(f"cumsum (1, {n}) f32", median_ms(lambda: X.cumsum(1).realize(), args.repeats))
+    row.refs["numpy"] = median_ms(lambda: np.cumsum(x, 1), args.repeats)
+    torch = _torch()
+    if torch is not None:
+        t = torch.from_numpy(x)
+        row.refs["torch"] = median_ms(lambda: t.cumsum(1), args.repeats)
+    return row
+
+
+@case
 def softmax(args) -> Row:
     x, X = _square(args)
 

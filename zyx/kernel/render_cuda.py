@@ -380,7 +380,7 @@ class _Writer:
             if isinstance(st, Store):
                 self.store(st, ind)
             else:  # the accumulate statement at the end of the innermost reduce loop
-                self.emit(ind, self.r.update(st.arg[0], self.acc[st], self.value(st.srcs[0]), st.dtype))
+                self.emit(ind, self.r.accumulate(st, self.acc[st], self.r.acc_type(st, self.k), self.value))
 
     def block(self, b: Block, ind: str) -> None:
         self.stmts(b, ind)

@@ -29,7 +29,7 @@ from zyx.backends.base import BackendError, ErrorStatus
 from zyx.backends.host.compiler import cache_dir
 
 INSTALL_HINT = "pip install 'zyx[cuda]'"
-BASE_OPTIONS = ("--std=c++17",)
+BASE_OPTIONS = ("--std=c++17", "--fmad=false")  # no contraction: elementwise results round as the host's
 _ARCH = re.compile(r"^(?:sm_)?(\d{2,3}[a-z]?)$")
 
 
