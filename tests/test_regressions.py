@@ -211,6 +211,13 @@ def test_elementwise_float_arithmetic_rounds_every_operation_as_numpy(device):
     assert ((0.0 - v) + v).item() == 0.0
 
 
+def test_logical_ops_with_a_scalar_beyond_int64(device):
+    x = zyx.Tensor(np.array([0, 5], np.uint64), device=device)
+    assert x.logical_or(2**63).numpy().tolist() == [True, True]
+    assert x.logical_and(2**64 - 1).numpy().tolist() == [False, True]
+    assert x.logical_xor(0.0).numpy().tolist() == [False, True]
+
+
 # ---- NumPy names ------------------------------------------------------------------------------------------------
 
 

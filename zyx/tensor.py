@@ -663,17 +663,20 @@ class Tensor:
     def logical_not(self):
         return Tensor._from_class(g.unary(Op.NOT, self.bool().cls))
 
-    def logical_and(self, o):
+    def _logical(self, op: Op, o) -> Tensor:
+        if isinstance(o, (bool, int, float, np.generic)):
+            o = bool(o)  # only its truth matters (a Python int beyond int64 included)
         a, b = self.bool()._operand(o)
-        return Tensor._from_class(g.binary(Op.AND, a.bool().cls, b.bool().cls))
+        return Tensor._from_class(g.binary(op, a.bool().cls, b.bool().cls))
+
+    def logical_and(self, o):
+        return self._logical(Op.AND, o)
 
     def logical_or(self, o):
-        a, b = self.bool()._operand(o)
-        return Tensor._from_class(g.binary(Op.OR, a.bool().cls, b.bool().cls))
+        return self._logical(Op.OR, o)
 
     def logical_xor(self, o):
-        a, b = self.bool()._operand(o)
-        return Tensor._from_class(g.binary(Op.XOR, a.bool().cls, b.bool().cls))
+        return self._logical(Op.XOR, o)
 
     def isnan(self):
         return Tensor._from_class(g.unary(Op.ISNAN, self._on_compute().cls))
