@@ -12,8 +12,9 @@ from __future__ import annotations
 import enum
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
+
+from zyx.kernel.target import DeviceInfo  # what code generation may assume; the kernel layer owns it
 
 BufferId = int
 ProgramId = int
@@ -38,29 +39,6 @@ class BackendError(RuntimeError):
         super().__init__(f"{status.value} error: {context}")
         self.status = status
         self.context = context
-
-
-@dataclass(frozen=True)
-class DeviceInfo:
-    """What the kernel optimizer and the cost model may assume about a device."""
-
-    name: str
-    kind: str  # "host", "blas", "cuda"
-    compute_units: int = 1
-    max_global_work: tuple[int, int, int] = (2**31 - 1, 65535, 65535)
-    max_local_work: tuple[int, int, int] = (1, 1, 1)
-    max_local_threads: int = 1
-    local_memory_bytes: int = 0
-    warp_size: int = 1
-    compute_capability: tuple[int, int] | None = None
-    dtypes: frozenset[str] = frozenset()
-    tensor_cores: bool = False
-    vector_bytes: int = 32
-    # Rough peaks for the cost model (extraction); measured time replaces them when autotuning.
-    peak_gflops: float = 10.0
-    memory_gbps: float = 10.0
-    launch_overhead_ns: int = 2_000
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
 
 class Pool(ABC):

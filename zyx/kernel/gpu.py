@@ -47,10 +47,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from zyx import dtypes
-from zyx.backends.base import DeviceInfo
 from zyx.kernel import ir, opt
 from zyx.kernel.ir import Expr, Kernel, Ops
 from zyx.kernel.linearize import Block, Loop, Reduce, linearize
+from zyx.kernel.target import DeviceInfo
 
 META_KEY = "gpu"
 WARP = 32  # threads per warp on every CUDA GPU; the renderer's shuffles assume it

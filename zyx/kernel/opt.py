@@ -15,9 +15,9 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from zyx.backends.base import DeviceInfo
 from zyx.kernel import ir
 from zyx.kernel.ir import Expr, Kernel, Ops, Store
+from zyx.kernel.target import DeviceInfo
 
 PARALLEL_MIN_WORK = 1 << 15
 SPLIT_REDUCE_MIN = 1 << 15

@@ -35,13 +35,13 @@ import re
 from dataclasses import dataclass
 
 from zyx import dtypes
-from zyx.backends.base import DeviceInfo
 from zyx.dtypes import DType
 from zyx.kernel import gpu, ir
 from zyx.kernel.gpu import Geometry
 from zyx.kernel.ir import Expr, Kernel, Ops, Store
 from zyx.kernel.linearize import Block, Loop, Reduce, ScanInit, linearize
 from zyx.kernel.render import CStyleRenderer, _int_helpers
+from zyx.kernel.target import DeviceInfo
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 FULL_MASK = "0xffffffffu"
