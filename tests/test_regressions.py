@@ -71,6 +71,19 @@ def test_int32_overflow_is_not_folded_away_in_a_comparison(device):
     assert got.tolist() == [True] * 5 + [False] * 5
 
 
+def test_fusion_planning_takes_few_rounds(monkeypatch):
+    from zyx.graph import fuse, schedule
+
+    calls = []
+    real = fuse.recompute_factors
+    monkeypatch.setattr(fuse, "recompute_factors", lambda k: calls.append(k.name) or real(k))
+    schedule.clear_cache()
+    x = zyx.Tensor(np.ones((1, 4, 1), np.float32)) * zyx.Tensor(np.ones((4, 2), np.float32))
+    debug.schedule(x.expand(3, 4, 2).sum(1), zyx.Tensor(np.ones((1, 64), np.int32)).expand(128, 64) @
+                   zyx.Tensor(np.ones((64, 32), np.int32)))
+    assert 0 < len(calls) <= 8, calls  # one check per kernel per round; a reduce its own kernel stores ends it
+
+
 # ---- integer bounds in the kernel IR --------------------------------------------------------------------------
 
 
