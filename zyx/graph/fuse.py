@@ -21,14 +21,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zyx.backends.base import BackendError, ErrorStatus
-from zyx.graph.lower import KernelBuilder, recompute_factors
+from zyx.graph.lower import DIRECT_IR, KernelBuilder, recompute_factors
 from zyx.graph.node import ELEMENTWISE, Class, Node, Op
-from zyx.kernel.ir import Ops
+from zyx.kernel.ir import TRANSCENDENTAL, Ops
 from zyx.utils import log
 
 SHARED_ELEMENTWISE_COST = 12
 INLINE_STORED_COST = 16
-_TRANSCENDENTAL = frozenset({Op.EXP, Op.LOG, Op.SIN, Op.COS, Op.TAN, Op.TANH, Op.ERF, Op.POW, Op.EXP2, Op.LOG2})
+_TRANSCENDENTAL = frozenset(op for op, ir_op in DIRECT_IR.items() if ir_op in TRANSCENDENTAL)
 
 
 @dataclass

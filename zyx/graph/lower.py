@@ -17,13 +17,14 @@ from zyx.kernel import ir
 from zyx.kernel.ir import Expr, Ops
 from zyx.kernel.linearize import Block, Reduce, linearize
 
-_DIRECT = {Op.NEG: Ops.NEG, Op.NOT: Ops.NOT, Op.EXP: Ops.EXP, Op.EXP2: Ops.EXP2, Op.LOG: Ops.LOG,
-           Op.LOG2: Ops.LOG2, Op.SIN: Ops.SIN, Op.COS: Ops.COS, Op.TAN: Ops.TAN, Op.TANH: Ops.TANH,
-           Op.ERF: Ops.ERF, Op.SQRT: Ops.SQRT, Op.RECIP: Ops.RECIP, Op.ABS: Ops.ABS, Op.FLOOR: Ops.FLOOR,
-           Op.CEIL: Ops.CEIL, Op.ROUND: Ops.ROUND, Op.TRUNC: Ops.TRUNC, Op.ISNAN: Ops.ISNAN, Op.ISINF: Ops.ISINF,
-           Op.ADD: Ops.ADD, Op.SUB: Ops.SUB, Op.MUL: Ops.MUL, Op.DIV: Ops.DIV, Op.POW: Ops.POW, Op.MAX: Ops.MAX,
-           Op.MIN: Ops.MIN, Op.CMPLT: Ops.CMPLT, Op.CMPLE: Ops.CMPLE, Op.CMPEQ: Ops.CMPEQ, Op.CMPNE: Ops.CMPNE,
-           Op.AND: Ops.AND, Op.OR: Ops.OR, Op.XOR: Ops.XOR, Op.SHL: Ops.SHL, Op.SHR: Ops.SHR, Op.WHERE: Ops.WHERE}
+DIRECT_IR = {  # graph op -> the IR op that computes it elementwise
+    Op.NEG: Ops.NEG, Op.NOT: Ops.NOT, Op.EXP: Ops.EXP, Op.EXP2: Ops.EXP2, Op.LOG: Ops.LOG,
+    Op.LOG2: Ops.LOG2, Op.SIN: Ops.SIN, Op.COS: Ops.COS, Op.TAN: Ops.TAN, Op.TANH: Ops.TANH,
+    Op.ERF: Ops.ERF, Op.SQRT: Ops.SQRT, Op.RECIP: Ops.RECIP, Op.ABS: Ops.ABS, Op.FLOOR: Ops.FLOOR,
+    Op.CEIL: Ops.CEIL, Op.ROUND: Ops.ROUND, Op.TRUNC: Ops.TRUNC, Op.ISNAN: Ops.ISNAN, Op.ISINF: Ops.ISINF,
+    Op.ADD: Ops.ADD, Op.SUB: Ops.SUB, Op.MUL: Ops.MUL, Op.DIV: Ops.DIV, Op.POW: Ops.POW, Op.MAX: Ops.MAX,
+    Op.MIN: Ops.MIN, Op.CMPLT: Ops.CMPLT, Op.CMPLE: Ops.CMPLE, Op.CMPEQ: Ops.CMPEQ, Op.CMPNE: Ops.CMPNE,
+    Op.AND: Ops.AND, Op.OR: Ops.OR, Op.XOR: Ops.XOR, Op.SHL: Ops.SHL, Op.SHR: Ops.SHR, Op.WHERE: Ops.WHERE}
 REDUCE_IR = {"add": Ops.ADD, "mul": Ops.MUL, "max": Ops.MAX, "min": Ops.MIN, "or": Ops.OR, "and": Ops.AND}
 
 
@@ -152,8 +153,8 @@ class KernelBuilder:
             return self._floordiv(*(self.lower(s, idx, gate) for s in srcs))
         if op is Op.MOD:
             return self._remainder(*(self.lower(s, idx, gate) for s in srcs))
-        if op in _DIRECT:
-            return ir.alu(_DIRECT[op], *(self.lower(s, idx, gate) for s in srcs))
+        if op in DIRECT_IR:
+            return ir.alu(DIRECT_IR[op], *(self.lower(s, idx, gate) for s in srcs))
         if op is Op.REDUCE:
             rop, axes = arg
             src = srcs[0]
