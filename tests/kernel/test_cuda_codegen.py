@@ -294,6 +294,19 @@ def test_index_math_is_int_when_bounds_allow_and_widens_otherwise():
     assert "for (long long zi" in src  # 4.9e9 outputs
 
 
+def test_cat_runs_one_grid_stride_segment_per_piece_with_one_load_each():
+    pieces = [zyx.Tensor(np.ones(1000, np.float32)) for _ in range(64)]
+    (k,) = kernels_of(zyx.cat(pieces))
+    cs = render_cuda(k, INFO)
+    body = cs.source[cs.source.index("extern"):]
+    segments = body.split("\n  {\n")[1:]
+    assert len(segments) == 64 and cs.block == (256, 1, 1)
+    for seg in segments:
+        assert len(re.findall(r"= p\d+\[", seg)) == 1 and "?" not in seg and "zi < 1000;" in seg
+    for arch in ARCHS if _NVRTC is None else ():
+        assert nvrtc.compile_cubin(cs.source, cs.name, arch)[:4] == b"\x7fELF"
+
+
 def test_float_to_int_casts_are_the_hosts_defined_conversion():
     for d in (dtypes.uint8, dtypes.int32, dtypes.uint32, dtypes.uint64):
         src = CUDARenderer().float_to_int("x", f32, d)

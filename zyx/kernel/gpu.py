@@ -17,6 +17,9 @@ Strategies (every kernel gets one; each is correct for every kernel it is chosen
             top-level reduce is at the innermost depth (``s == n``), each load in the reduce bodies is the same
             or the next element for adjacent outputs (coalesced across threads), and there are enough outputs to
             fill the GPU. Reduces run serially in the thread.
+``segments`` a kernel without reduces whose loop splits into segments (``opt.split_segments``: cat's pieces)
+            runs one ``thread`` grid-stride loop per segment, one after another in one launch (``Kernel.then``),
+            all with the largest block any of them wants.
 ``group``   one *group* of ``G`` threads (a warp when ``G == 32``, several warps per block; else one block per
             group) per iteration of output loops ``[0, s)``. The top-level reduces at depth ``s`` are cooperative:
             each thread accumulates a strided slice of the reduce range, then warp shuffles (``__shfl_xor_sync``:
@@ -272,11 +275,31 @@ def needs_wide_acc(root: Block, geom: Geometry) -> bool:
 # entry points
 
 
+def _segments(k: Kernel, info: DeviceInfo) -> Kernel | None:
+    """A kernel without reduces or scans whose loop ``opt.split_segments`` splits (cat's pieces, pad's bounds):
+    one grid-stride loop per segment in one launch, all with the same block (the largest any segment wants)."""
+    if k.reduces() or k.scan_ranges():
+        return None
+    parts = opt.split_segments(k)
+    if len(parts) == 1:
+        return None
+    parts = [replace(opt.merge_loops(opt.drop_unit_loops(p)), meta={}) for p in parts]
+    geoms = [_thread_geometry(p, info) for p in parts]
+    block = max(g.block for g in geoms)
+    for p, g in zip(parts, geoms):
+        p.meta[META_KEY] = replace(g, block=block, grid=_grid(g.items, block[0], info))
+    return replace(parts[0], then=tuple(parts[1:]))
+
+
 def optimize(k: Kernel, info: DeviceInfo) -> Kernel:
     """Normalize loops, choose the geometry, attach it as ``meta["gpu"]`` (and set ``wide_acc`` if needed)."""
-    k = opt.merge_loops(opt.drop_unit_loops(k))
+    k = opt.drop_unit_loops(k)
     # host annotations (parallel loops, SIMD, split or vector accumulators) do not apply: a fresh meta dict
-    k = replace(k, parallel=0, vector=False, split_reduce=False, wide_acc=False, meta={})
+    k = replace(k, parallel=0, vector=False, split_reduce=False, wide_acc=False, meta={}, then=())
+    seg = _segments(k, info)
+    if seg is not None:
+        return seg
+    k = opt.merge_loops(k)
     geom = plan(k, info)
     k.meta[META_KEY] = geom
     if needs_wide_acc(linearize(k), geom):

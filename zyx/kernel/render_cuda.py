@@ -245,15 +245,22 @@ class CUDARenderer(CStyleRenderer):
         return "".join(parts)
 
     def render(self, k: Kernel) -> CudaSource:
-        geom = gpu.geometry(k)
-        w = _Writer(self, k, geom)
-        w.kernel(linearize(k))
-        body = "\n".join(w.shared + w.lines)
+        parts = (k, *k.then)
+        geoms = [gpu.geometry(p) for p in parts]
+        bodies = []
+        for part, geom in zip(parts, geoms):
+            w = _Writer(self, part, geom)
+            w.kernel(linearize(part))
+            bodies.append("\n".join(w.shared + w.lines))
+        # segments (``then``) each get a scope: their names never meet
+        body = bodies[0] if len(parts) == 1 else "\n".join("  {\n" + b + "\n  }" for b in bodies)
+        geom = geoms[0]
+        grid = max(g.grid for g in geoms)
         decls = self.param_decls(k)
         sig = ", ".join(f"{t} {n}" for t, n in decls)
         src = (f"{self.prelude(body)}\nextern \"C\" __global__ void __launch_bounds__({geom.block_threads}) "
                f"{k.name}({sig}) {{\n{body}\n}}\n")
-        return CudaSource(k.name, src, geom.grid, geom.block, 0, tuple(p.kind for p in k.params),
+        return CudaSource(k.name, src, grid, geom.block, 0, tuple(p.kind for p in k.params),
                           tuple(t for t, _ in decls))
 
 
