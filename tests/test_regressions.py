@@ -231,6 +231,14 @@ def test_logical_ops_with_a_scalar_beyond_int64(device):
     assert x.logical_xor(0.0).numpy().tolist() == [False, True]
 
 
+def test_weak_float_scalars_round_to_the_tensor_dtype(device):
+    # fuzz: float16(-32768) - (-32767) is 0 in NumPy: the scalar becomes float16(-32768) first
+    x = zyx.Tensor(np.zeros((2, 3), np.float16), device=device) + (-32768)
+    np.testing.assert_array_equal((x - (-32767)).numpy(), np.zeros((2, 3), np.float16))
+    y = zyx.Tensor(np.ones(3, np.float32), device=device)
+    np.testing.assert_array_equal((y * 0.1).numpy(), np.ones(3, np.float32) * 0.1)
+
+
 # ---- NumPy names ------------------------------------------------------------------------------------------------
 
 

@@ -100,10 +100,18 @@ def to_dtype(x) -> DType:
 
 
 def as_python(value, d: DType):
-    """``value`` as the Python scalar type that represents dtype ``d`` (bool, int or float)."""
+    """``value`` as the Python scalar that represents it in dtype ``d`` (bool, int, or float rounded to ``d``)."""
     if d.kind == "b":
         return bool(value)
-    return int(value) if d.is_int else float(value)
+    if d.is_int:
+        return int(value)
+    value = float(value)
+    if d is float64 or not -65504.0 <= value <= 65504.0:  # no overflow below float16's largest finite value
+        if d is float64 or value != value:
+            return value
+        with np.errstate(over="ignore"):
+            return float(d.np_dtype.type(value))
+    return float(d.np_dtype.type(value))  # the nearest value of the dtype: a weak scalar rounds to it, as in NumPy
 
 
 def promote_types(a: DType, b: DType) -> DType:

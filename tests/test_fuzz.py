@@ -1,0 +1,84 @@
+"""Differential fuzzing: random zyx programs (small DAGs over the whole op set) against a NumPy reference.
+
+Default (CI): a deterministic run of ``ZYX_FUZZ_EXAMPLES`` (default 300) programs per device (about 15 s with a
+cold kernel cache). A long random run::
+
+    ZYX_FUZZ_EXAMPLES=3000 ZYX_FUZZ_RANDOM=1 python -m pytest tests/test_fuzz.py -x
+
+``ZYX_FUZZ_SEED=N`` fixes the seed of a random run, ``ZYX_FUZZ_TIMEOUT`` (seconds, default 20) bounds one program
+(a hang becomes a failure with a reproducer), ``ZYX_FUZZ_AVOID=flag,...`` steers away from known bugs (see
+``fuzz_programs.AVOID``), ``ZYX_FUZZ_STRICT_FMA=0`` compares float ``a*b+c`` with a tolerance instead of bit for
+bit. A failure prints a standalone Python reproducer and the NumPy result.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import warnings
+
+import numpy as np
+import pytest
+from fuzz_programs import Program, compare, programs, run_zyx
+from hypothesis import HealthCheck, Phase, given, note, seed, settings
+
+EXAMPLES = int(os.environ.get("ZYX_FUZZ_EXAMPLES", "300"))
+RANDOM = os.environ.get("ZYX_FUZZ_RANDOM", "") == "1" or "ZYX_FUZZ_SEED" in os.environ
+TIMEOUT = int(os.environ.get("ZYX_FUZZ_TIMEOUT", "20"))
+
+settings.register_profile(
+    "zyx-fuzz",
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=not RANDOM,
+    database=None,
+    print_blob=RANDOM,
+    phases=(Phase.generate, Phase.target, Phase.shrink, Phase.explain) if RANDOM else (Phase.generate, Phase.shrink),
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
+                           HealthCheck.large_base_example],
+)
+
+
+class FuzzTimeout(Exception):
+    """A program ran (compiled, scheduled) longer than ``ZYX_FUZZ_TIMEOUT`` seconds."""
+
+
+def _alarm(signum, frame):  # noqa: ARG001
+    raise FuzzTimeout(f"timeout: the program did not finish within {TIMEOUT} s")
+
+
+def check_program(prog: Program, device: str) -> None:
+    """Run ``prog`` on ``device`` and compare every output with the NumPy reference."""
+    note("reproducer:\n" + prog.source(device))
+    note("numpy reference:\n" + prog.expected_src())
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(TIMEOUT)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            got = run_zyx(prog, device)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    errors = []
+    for i, g in zip(prog.outputs, got):
+        msg = compare(np.asarray(g), prog.vals[i])
+        if msg:
+            errors.append(f"v{i}: {msg}")
+    assert not errors, "zyx differs from NumPy:\n" + "\n".join(errors)
+
+
+_seed = int(os.environ["ZYX_FUZZ_SEED"]) if "ZYX_FUZZ_SEED" in os.environ else None
+
+
+def _maybe_seed(f):
+    return seed(_seed)(f) if _seed is not None else f
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:The recursion limit will not be reset")
+@settings(settings.get_profile("zyx-fuzz"))
+@_maybe_seed
+@given(prog=programs())
+def test_fuzz_programs(prog: Program, device: str) -> None:
+    check_program(prog, device)
