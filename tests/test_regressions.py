@@ -239,6 +239,46 @@ def test_weak_float_scalars_round_to_the_tensor_dtype(device):
     np.testing.assert_array_equal((y * 0.1).numpy(), np.ones(3, np.float32) * 0.1)
 
 
+# ---- bugs the fuzzer found (tests/test_fuzz.py), one test each --------------------------------------------------
+
+
+def test_fuzz_f1_zero_and_negative_zero_are_different_constants(device):
+    x = zyx.Tensor(np.array([1.0, 2.0], np.float32), device=device)
+    assert np.signbit((x * 0.0).numpy()).tolist() == [False, False]
+    assert np.signbit((x * -0.0).numpy()).tolist() == [True, True]
+    assert np.signbit(zyx.full((2,), -0.0, device=device).numpy()).tolist() == [True, True]
+    z = zyx.Tensor(np.zeros(2, np.float32), device=device)
+    assert np.signbit((-0.0 - z).numpy()).tolist() == [True, True]
+
+
+def test_fuzz_f3_realize_a_view_or_reduce_with_an_op_on_it(device):
+    x = zyx.Tensor(np.arange(6, dtype=np.float32).reshape(2, 3), device=device)
+    a = x.reshape(6)
+    b = a.tanh()
+    zyx.realize(a, b)
+    np.testing.assert_allclose(b.numpy(), np.tanh(np.arange(6, dtype=np.float32)), rtol=1e-6)
+    m = zyx.Tensor(np.array([[1.0, 0.0]], np.float32), device=device).max(0)
+    e = m.exp()
+    zyx.realize(m, e)
+    assert m.numpy().tolist() == [1.0, 0.0]
+    np.testing.assert_allclose(e.numpy(), [np.e, 1.0], rtol=1e-6)
+
+
+def test_fuzz_f4_negation_of_a_negative_constant(device):
+    assert (-zyx.full((2,), -2, dtype=zyx.int16, device=device)).numpy().tolist() == [2, 2]
+    assert (-zyx.full((2,), -129.5, dtype=zyx.float16, device=device)).numpy().tolist() == [129.5, 129.5]
+
+
+def test_fuzz_f5_f7_signed_zeros_of_float_remainder_and_floor_division(device):
+    a = np.array([-2.0, 3.0, -0.0, 0.0, 5.0, -7.0, 4.0], np.float32)
+    b = np.array([1.0, -1.0, 3.0, -3.0, np.inf, -np.inf, 2.0], np.float32)
+    x, y = zyx.Tensor(a, device=device), zyx.Tensor(b, device=device)
+    with np.errstate(all="ignore"):
+        for got, want in (((x % y).numpy(), a % b), ((x // y).numpy(), a // b)):
+            np.testing.assert_array_equal(got, want)
+            assert np.signbit(got).tolist() == np.signbit(want).tolist()
+
+
 # ---- NumPy names ------------------------------------------------------------------------------------------------
 
 
