@@ -279,6 +279,14 @@ def test_fuzz_f5_f7_signed_zeros_of_float_remainder_and_floor_division(device):
             assert np.signbit(got).tolist() == np.signbit(want).tolist()
 
 
+def test_fuzz_padding_an_empty_reshaped_tensor(device):
+    x = zyx.Tensor(np.ones((1, 4, 6), np.float16), device=device).repeat(1, 0, 0, 0)  # shape (1, 0, 0, 0)
+    y = x.pad(((0, 0), (0, 1), (0, 1), (0, 1)), value=3.0)
+    np.testing.assert_array_equal(y.numpy(), np.full((1, 1, 1, 1), 3.0, np.float16))
+    z = zyx.Tensor(np.ones((0, 3), np.float32), device=device).reshape(3, 0).pad(((1, 0), (0, 2)), value=-1.0)
+    np.testing.assert_array_equal(z.numpy(), np.full((4, 2), -1.0, np.float32))
+
+
 # ---- NumPy names ------------------------------------------------------------------------------------------------
 
 

@@ -46,6 +46,8 @@ def ravel(idx: Sequence[Expr], shape: Sequence[int]) -> Expr:
 
 def reshape_index(idx: tuple[Expr, ...], out_shape: tuple[int, ...], in_shape: tuple[int, ...]) -> tuple[Expr, ...]:
     zero = ir.const(0, ir.index_dtype)
+    if 0 in in_shape:  # an empty source: no element is ever read (a pad around it gates every access)
+        return tuple(zero for _ in in_shape)
     if tuple(s for s in out_shape if s != 1) == tuple(s for s in in_shape if s != 1):
         it = iter(i for i, s in zip(idx, out_shape) if s != 1)
         return tuple(next(it) if s != 1 else zero for s in in_shape)
