@@ -282,6 +282,14 @@ def reduce_ref(op: str, x: np.ndarray, axis: Any, keepdim: bool) -> np.ndarray:
     raise ValueError(op)
 
 
+def _std_scale(mean_sq: np.ndarray, d: DType) -> np.ndarray:
+    """Error scale of std = sqrt(var): sqrt(TOL * mean(x^2)) / TOL, unbounded where var's intermediates reach the
+    overflow region of ``d`` (zyx computes in ``d``; the reference in float64)."""
+    big = float(np.finfo(np.float32 if d is dtypes.bfloat16 else d.np_dtype).max) / 8
+    with np.errstate(all="ignore"):
+        return np.where(mean_sq > big, np.inf, np.sqrt(mean_sq / TOL[d]))
+
+
 def _var_dtype(x: np.ndarray) -> DType:
     """The float dtype zyx computes var/std of ``x`` in."""
     return zdt(_ffloat(x))
@@ -1266,7 +1274,7 @@ class Builder:
                # var = mean((x - mean)^2) cancels: its error is relative to mean(x^2), not to the result (found
                # by the fuzzer: float32 var of 32 equal values 5.7e7 is 576 = (3 ulp of the mean)^2, not 0)
                "var": lambda s: reduce_ref("mean", s * s, axis, keep),
-               "std": lambda s: np.sqrt(reduce_ref("mean", s * s, axis, keep) / TOL[_var_dtype(x)])}.get(op)
+               "std": lambda s: _std_scale(reduce_ref("mean", s * s, axis, keep), _var_dtype(x))}.get(op)
         ops = (op, "product") if op in ("mean", "var") else (op,)  # s * (1 / n): an FMA candidate
         # max/min of +0.0 and -0.0 may return either (IEEE maxNum/minNum; NumPy's SIMD loops too)
         zs = {"zsign"} if op in ("max", "min") else set()

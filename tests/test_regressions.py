@@ -279,6 +279,17 @@ def test_fuzz_f5_f7_signed_zeros_of_float_remainder_and_floor_division(device):
             assert np.signbit(got).tolist() == np.signbit(want).tolist()
 
 
+def test_fuzz_half_floor_division_and_remainder_round_once(device):
+    import ml_dtypes
+
+    for dt, s in ((ml_dtypes.bfloat16, -2.0829148276588544e16), (np.float16, -3.3)):
+        a = np.array([1.8446744073709552e19 if dt is ml_dtypes.bfloat16 else 6e4, 7.5, -7.5, 1e4]).astype(dt)
+        x = zyx.Tensor(a, device=device)
+        with np.errstate(all="ignore"):
+            np.testing.assert_array_equal((x // s).numpy(), a // dt(s))  # bf16: -888, not -884
+            np.testing.assert_array_equal((x % s).numpy(), a % dt(s))
+
+
 def test_fuzz_padding_an_empty_reshaped_tensor(device):
     x = zyx.Tensor(np.ones((1, 4, 6), np.float16), device=device).repeat(1, 0, 0, 0)  # shape (1, 0, 0, 0)
     y = x.pad(((0, 0), (0, 1), (0, 1), (0, 1)), value=3.0)

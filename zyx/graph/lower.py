@@ -25,6 +25,7 @@ DIRECT_IR = {  # graph op -> the IR op that computes it elementwise
     Op.ADD: Ops.ADD, Op.SUB: Ops.SUB, Op.MUL: Ops.MUL, Op.DIV: Ops.DIV, Op.POW: Ops.POW, Op.MAX: Ops.MAX,
     Op.MIN: Ops.MIN, Op.CMPLT: Ops.CMPLT, Op.CMPLE: Ops.CMPLE, Op.CMPEQ: Ops.CMPEQ, Op.CMPNE: Ops.CMPNE,
     Op.AND: Ops.AND, Op.OR: Ops.OR, Op.XOR: Ops.XOR, Op.SHL: Ops.SHL, Op.SHR: Ops.SHR, Op.WHERE: Ops.WHERE}
+_HALFS = (dtypes.float16, dtypes.bfloat16)
 REDUCE_IR = {"add": Ops.ADD, "mul": Ops.MUL, "max": Ops.MAX, "min": Ops.MIN, "or": Ops.OR, "and": Ops.AND}
 
 
@@ -223,6 +224,8 @@ class KernelBuilder:
     def _floordiv(a: Expr, b: Expr) -> Expr:
         if not a.dtype.is_float:
             return ir.alu(Ops.DIV, a, b)
+        if a.dtype in _HALFS:  # computed in float32 and rounded once, as NumPy and ml_dtypes do
+            return ir.cast(KernelBuilder._floordiv(ir.cast(a, dtypes.float32), ir.cast(b, dtypes.float32)), a.dtype)
         # NumPy's floor_divide: exact via fmod, then rounding of the quotient
         d = a.dtype
         zero = ir.const(0.0, d)
@@ -242,6 +245,8 @@ class KernelBuilder:
     def _remainder(a: Expr, b: Expr) -> Expr:
         if not a.dtype.is_float:
             return ir.alu(Ops.MOD, a, b)
+        if a.dtype in _HALFS:
+            return ir.cast(KernelBuilder._remainder(ir.cast(a, dtypes.float32), ir.cast(b, dtypes.float32)), a.dtype)
         zero = ir.const(0.0, a.dtype)
         m = ir.alu(Ops.MOD, a, b)
         fix = ir.and_(ir.alu(Ops.CMPNE, m, zero),
