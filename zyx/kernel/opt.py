@@ -128,13 +128,14 @@ def parallelize(k: Kernel, info: DeviceInfo) -> Kernel:
         if w >= SPLIT_REDUCE_MIN and len(root_reds) == 1 and len(reds) == 1:
             return replace(k, split_reduce=True)
         return k
-    if w < PARALLEL_MIN_WORK or k.loops[0] in k.scan_ranges():
+    scans = k.scan_ranges()
+    if w < PARALLEL_MIN_WORK or k.loops[0] in scans:
         return k
     n = 1
     outer = k.loops[0].arg[1]
     # collapse a short outer loop with the next one so every compute unit gets work
     if outer < 4 * info.compute_units and len(k.loops) > 1 and not _reduce_depends_between(k) and \
-            k.loops[1] not in k.scan_ranges():
+            k.loops[1] not in scans:
         n = 2
     return replace(k, parallel=n)
 
@@ -169,21 +170,22 @@ def widen_accumulators(k: Kernel) -> Kernel:
     return k
 
 
-def _cuts(k: Kernel, r: Expr) -> set[int]:
-    """Positions ``c`` in (0, size) where a comparison of ``r`` with a constant changes value (``r < c``)."""
-    out = set()
+def _cuts(k: Kernel) -> dict[Expr, set[int]]:
+    """Per output loop range ``r``: the positions ``c`` in (0, size) where a comparison of ``r`` with a constant
+    changes value (``r < c``)."""
+    out: dict[Expr, set[int]] = {r: set() for r in k.loops}
     for e in ir.toposort(_all_roots(k)):
-        if e.op not in (Ops.CMPLT, Ops.CMPLE) or len(e.srcs) != 2:
+        if e.op not in (Ops.CMPLT, Ops.CMPLE):
             continue
         a, b = e.srcs
-        if a is r and b.op is Ops.CONST:
-            c = b.arg + (e.op is Ops.CMPLE)
-        elif b is r and a.op is Ops.CONST:
-            c = a.arg + (e.op is Ops.CMPLT)
+        if a in out and b.op is Ops.CONST:
+            r, c = a, b.arg + (e.op is Ops.CMPLE)
+        elif b in out and a.op is Ops.CONST:
+            r, c = b, a.arg + (e.op is Ops.CMPLT)
         else:
             continue
         if 0 < c < r.arg[1]:
-            out.add(int(c))
+            out[r].add(int(c))
     return out
 
 
@@ -194,11 +196,9 @@ def split_segments(k: Kernel) -> list[Kernel]:
     if k.split_reduce:
         return [k]
     best, best_cuts = None, set()
-    for r in k.loops:
-        if r in k.scan_ranges():
-            continue  # a scan runs across the segments
-        cuts = _cuts(k, r)
-        if len(cuts) > len(best_cuts):
+    scans = k.scan_ranges()  # a scan runs across the segments: its loop is never split
+    for r, cuts in _cuts(k).items():
+        if r not in scans and len(cuts) > len(best_cuts):
             best, best_cuts = r, cuts
     if best is None or len(best_cuts) >= MAX_SEGMENTS:
         return [k]
