@@ -11,6 +11,7 @@ import os
 import struct
 import subprocess
 import sys
+import threading
 import time
 
 import ml_dtypes
@@ -28,7 +29,7 @@ from zyx.backends.cuda.device import CudaDevice, device_info
 from zyx.backends.cuda.driver import DriverError
 from zyx.backends.cuda.memory import human_bytes
 from zyx.backends.cuda.pool import CudaPool
-from zyx.backends.cuda.worker import Worker, WorkerConfig
+from zyx.backends.cuda.worker import Reply, Worker, WorkerConfig
 from zyx.backends.disk import DiskPool
 from zyx.backends.host.pool import HostPool
 from zyx.graph.extract import Graph
@@ -798,6 +799,47 @@ def test_fire_and_forget_errors_surface_at_next_sync(fake, make_worker):
     with pytest.raises(BackendError, match="launch of unknown program 12345"):
         pool.sync()
     pool.sync()  # reported once
+
+
+def test_worker_thread_crash_fails_pending_and_later_calls_never_hangs(fake, make_worker, monkeypatch):
+    import signal
+
+    def stalled(signum, frame):
+        raise TimeoutError("a call blocked after the worker thread crashed")
+
+    w = make_worker(queues=2, window=100, idle_flush_s=0.001)
+    pool = CudaPool(w)
+    bid = upload(pool, np.arange(4, dtype=np.float32))
+    k, y = _kernel(w), pool.allocate(64)
+    entered = threading.Event()
+
+    def broken_idle():  # injected: a bug in the worker's own machinery (not a BackendError)
+        entered.set()
+        time.sleep(0.05)  # a call queued now is pending when the thread dies
+        raise RuntimeError("injected crash")
+
+    monkeypatch.setattr(w, "_w_idle", broken_idle)
+    old = signal.signal(signal.SIGALRM, stalled)
+    signal.alarm(20)
+    try:
+        w.launch(k, (bid, y, 4))  # pending, so the idle flush runs
+        assert entered.wait(5)
+        with pytest.raises(BackendError, match=r"cuda:0: the CUDA worker thread crashed \(RuntimeError\('injected"):
+            pool.pool_to_host(bid, memoryview(np.empty(4, np.float32).view(np.uint8)))  # pending when it died
+        with pytest.raises(BackendError, match="worker thread crashed"):
+            pool.sync()  # a later call
+        with pytest.raises(BackendError, match="worker thread crashed"):
+            pool.allocate(16)
+        w.free(bid)  # a later post is dropped, not queued forever
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_reply_wait_gives_up_when_the_thread_is_gone():
+    r = Reply()
+    with pytest.raises(BackendError, match="died without answering"):
+        r.wait(alive=lambda: False, poll_s=0.01)
 
 
 # ---------------------------------------------------------------------------------------------------------------

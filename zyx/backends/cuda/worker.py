@@ -84,8 +84,12 @@ class Reply:
         self._error = error
         self._lock.release()
 
-    def wait(self) -> Any:
-        self._lock.acquire()
+    def wait(self, alive: Callable[[], bool] | None = None, poll_s: float = 1.0) -> Any:
+        """The value, or the error raised. With ``alive``, a worker thread that died without answering is an
+        error too (checked every ``poll_s`` seconds), never an endless wait."""
+        while not self._lock.acquire(timeout=poll_s if alive is not None else -1):
+            if not alive():
+                raise BackendError(ErrorStatus.SYNC, "the CUDA worker thread died without answering")
         if self._error is not None:
             raise self._error
         return self._value
@@ -177,6 +181,7 @@ class Worker:
         self.state = StreamState()
         self.streams: list[int] = []
         self.error: BackendError | None = None  # first error since the last sync point
+        self.crashed: BackendError | None = None  # the worker thread failed outside any call: it is gone
         self.fatal: BackendError | None = None  # set by a sticky error: the context is unusable
         self.trace: list[tuple[int, list[tuple[str, int, tuple[int, ...]]]]] | None = None
         self.library_state: dict[str, Any] = {}  # per-worker state of library code (cuDNN handles)
@@ -218,8 +223,9 @@ class Worker:
             if not closed:
                 self._queue.put(item)
         if closed:
-            raise BackendError(ErrorStatus.INITIALIZATION, f"{self.name}: the CUDA worker was shut down")
-        return reply.wait()
+            raise self.crashed or BackendError(ErrorStatus.INITIALIZATION,
+                                               f"{self.name}: the CUDA worker was shut down")
+        return reply.wait(self._thread.is_alive)
 
     def close(self, timeout: float = 10.0) -> None:
         """Drain the GPU and stop the thread (errors are dropped); later calls raise, later posts are dropped."""
@@ -301,6 +307,28 @@ class Worker:
                 ErrorStatus.INITIALIZATION, f"{self.name}: worker start failed: {e!r}"))
             return
         ready.set(None)
+        try:
+            self._loop()
+        except BaseException as e:  # noqa: BLE001 - a bug in the worker's own machinery: fail everything, loudly
+            self._crash(e)
+
+    def _crash(self, e: BaseException) -> None:
+        """Close the worker after an exception outside any call: every queued and later call raises."""
+        err = BackendError(ErrorStatus.SYNC, f"{self.name}: the CUDA worker thread crashed ({e!r}); work queued "
+                                             "on this GPU is lost and it takes no more work until zyx restarts")
+        with self._gate:
+            self.crashed = err
+            self._closed = True
+        log("dev", err.context)
+        while True:
+            try:
+                _fn, _args, reply = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if reply is not None:
+                reply.fail(err)
+
+    def _loop(self) -> None:
         q = self._queue
         cfg = self.config
         while True:
