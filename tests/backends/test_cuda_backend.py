@@ -524,6 +524,18 @@ def test_idle_flush_submits_a_partial_window(fake, make_worker):
     assert fake.count("launch_kernel") == 1
 
 
+def stream_waits(fake, w: Worker) -> list[tuple[int, int]]:
+    """(waiting stream, stream the awaited event was recorded on) per ``stream_wait_event``, in call order,
+    leaving out the waits for stream-ordered allocations (recorded on the allocator's stream)."""
+    recorded, out = {}, []
+    for name, args in fake.calls:
+        if name == "event_record":
+            recorded[args[0]] = args[1]
+        elif name == "stream_wait_event" and recorded.get(args[1]) != w.allocator.stream:
+            out.append((args[0], recorded.get(args[1])))
+    return out
+
+
 def test_independent_chains_spread_over_streams_with_event_waits(fake, make_worker):
     w = make_worker(queues=4, window=100)
     w.call(setattr, w, "trace", [])
@@ -538,7 +550,7 @@ def test_independent_chains_spread_over_streams_with_event_waits(fake, make_work
     streams = [s for _, s, _ in placed]
     assert streams[0] != streams[1] and streams[2] == streams[0]
     assert all(waits == () for _, _, waits in placed)
-    assert fake.count("stream_wait_event") == 0
+    assert stream_waits(fake, w) == []
     # a consumer of both chains waits for the other chain's stream with one event
     f = pool.allocate(64)
     w.call(w.trace.clear)
@@ -547,10 +559,35 @@ def test_independent_chains_spread_over_streams_with_event_waits(fake, make_work
     pool.sync()
     (_, ((_, s, waits),)), = w.trace
     assert s == streams[0] and waits == (streams[1],)
-    rec = [a for n, a in fake.calls if n == "event_record"]
-    wait = [a for n, a in fake.calls if n == "stream_wait_event"]
-    assert len(wait) == 1 and wait[0][0] == w.streams[s]
-    assert any(ev == wait[0][1] and stream == w.streams[streams[1]] for ev, stream in rec)
+    assert stream_waits(fake, w) == [(w.streams[s], w.streams[streams[1]])]
+
+
+def test_stream_ordered_allocations_are_awaited_by_their_first_user(fake, make_worker):
+    w = make_worker(queues=4, window=100)
+    pool = CudaPool(w)
+    k = _kernel(w)
+    fake.calls.clear()
+    x, y = pool.allocate(64), pool.allocate(64)
+    w.launch(k, (x, y, 16))
+    w.launch(k, (y, x, 16))  # second use: already ordered after the first (no second allocation wait)
+    pool.sync()
+    calls = fake.calls
+    names = [n for n, _ in calls]
+    alloc_stream = w.allocator.stream
+    allocs = [i for i, n in enumerate(names) if n == "mem_alloc_async"]
+    assert len(allocs) == 2 and all(calls[i][1][1] == alloc_stream for i in allocs)
+    events = {calls[i + 1][1][0] for i in allocs
+              if names[i + 1] == "event_record" and calls[i + 1][1][1] == alloc_stream}
+    assert len(events) == 2  # an event on the allocation stream after each allocation
+    first_launch = names.index("launch_kernel")
+    waited = {a[1] for n, a in calls[:first_launch] if n == "stream_wait_event"}
+    assert events <= waited  # the first user's stream waits for both before it runs
+    assert sum(1 for n, a in calls if n == "stream_wait_event" and a[1] in events) == 2
+    fresh = pool.allocate(16)  # read back before any command used it: the copy's stream waits too
+    fake.calls.clear()
+    pool.pool_to_host(fresh, memoryview(np.empty(4, np.float32).view(np.uint8)))
+    names = [n for n, _ in fake.calls]
+    assert names.index("stream_wait_event") < names.index("memcpy_dtoh_async")
 
 
 def test_stream_state_persists_across_windows(fake, make_worker):
@@ -834,6 +871,22 @@ def test_worker_thread_crash_fails_pending_and_later_calls_never_hangs(fake, mak
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+
+
+def test_failed_download_waits_for_its_queued_copies_before_reusing_staging(fake, make_worker):
+    w = make_worker(staging_block=64)
+    pool = CudaPool(w)
+    a = np.arange(64, dtype=np.float32)  # 256 bytes: four 64-byte chunks through two staging blocks
+    bid = upload(pool, a)
+    fake.calls.clear()
+    fake.fail_once["event_synchronize"] = "CUDA_ERROR_INVALID_VALUE"  # landing chunk 0, with chunk 1 queued
+    with pytest.raises(BackendError, match=f"reading buffer {bid} back failed"):
+        pool.pool_to_host(bid, memoryview(np.empty_like(a).view(np.uint8)))
+    names = [n for n, _ in fake.calls]
+    failed = names.index("event_synchronize")
+    assert names[:failed].count("memcpy_dtoh_async") == 2  # chunk 1 was in flight when landing chunk 0 failed
+    assert "stream_synchronize" in names[failed:]  # waited for it before the staging blocks went back
+    np.testing.assert_array_equal(download(pool, bid, a), a)  # and the worker still works
 
 
 def test_reply_wait_gives_up_when_the_thread_is_gone():

@@ -79,7 +79,9 @@ class StreamOrderedAllocator:
     """``cuMemAllocAsync`` / ``cuMemFreeAsync`` on the device's default pool, on a stream that runs no work.
 
     Frees happen only after the buffer's barrier events completed, so memory handed back is idle; the raised
-    release threshold keeps it reserved for the next allocation instead of returning it to the driver.
+    release threshold keeps it reserved for the next allocation instead of returning it to the driver. An
+    allocation is ordered on ``stream`` only: another stream may use it after waiting for an event recorded
+    there after the allocation (the worker's ``DeviceBuffer.ready``).
     """
 
     kind = "stream-ordered"
@@ -108,6 +110,7 @@ class CachingAllocator:
     """``cuMemAlloc`` / ``cuMemFree`` behind a cache of freed blocks keyed by their (rounded) size."""
 
     kind = "caching"
+    stream = None  # allocations are complete when ``alloc`` returns
 
     def __init__(self, drv: Driver) -> None:
         self.drv = drv

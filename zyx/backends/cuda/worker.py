@@ -107,6 +107,7 @@ class DeviceBuffer:
     streams: set[int] = field(default_factory=set)  # every stream that ran a command using it
     pending: int = 0  # uses by commands of the unsubmitted window
     poison: str | None = None  # why its contents are invalid
+    ready: int | None = None  # event after a stream-ordered allocation: the first user's stream waits for it
 
 
 @dataclass
@@ -456,12 +457,31 @@ class Worker:
         self.held += size
         return ptr
 
+    def _allocated_event(self) -> int | None:
+        """An event on the allocation stream after the allocations so far (None when they are complete)."""
+        if self.allocator.stream is None:
+            return None
+        ev = self._event()
+        self.drv.event_record(ev, self.allocator.stream)
+        return ev
+
+    def _wait_allocated(self, ready: int | None, stream: int) -> None:
+        """Order ``stream`` after a stream-ordered allocation. A wait binds the event's record at the time of the
+        call, so the event is free for reuse at once."""
+        if ready is not None:
+            self.drv.stream_wait_event(stream, ready)
+            self.free_events.append(ready)
+
+    def _first_use(self, buf: DeviceBuffer, stream: int) -> None:
+        ready, buf.ready = buf.ready, None
+        self._wait_allocated(ready, stream)
+
     def _w_allocate(self, nbytes: int) -> int:
         self._usable()
         size = alloc_size(nbytes)
         ptr = self._alloc_raw(size)
         bid = next(self._ids)
-        self.buffers[bid] = DeviceBuffer(ptr, nbytes, size)
+        self.buffers[bid] = DeviceBuffer(ptr, nbytes, size, ready=self._allocated_event())
         if debug_on("memory"):
             log("memory", f"{self.name}: allocate #{bid} {nbytes} B at {ptr:#x}")
         return bid
@@ -515,6 +535,7 @@ class Worker:
             del self.workspaces[stream_index]
         size = alloc_size(max(nbytes, 1 << 20))
         ptr = self._alloc_raw(size, may_drain=False)
+        self._wait_allocated(self._allocated_event(), self.streams[stream_index])
         self.workspaces[stream_index] = (ptr, size)
         return ptr
 
@@ -612,6 +633,8 @@ class Worker:
             for b in p.writes:
                 self.buffers[b].streams.add(si)
             try:
+                for b in (*p.reads, *p.writes):
+                    self._first_use(self.buffers[b], stream)
                 for t in pl.waits:
                     ev = self._event()
                     drv.event_record(ev, self.streams[t])
@@ -838,6 +861,8 @@ class Worker:
         blocks = [self.staging.acquire(chunk) for _ in range(1 if n <= chunk else 2)]
         events = [self._event() for _ in blocks]
         stream = self.streams[0]
+        self._first_use(buf, stream)
+        landed = False
         try:
             prev: tuple[int, Staging, int, int] | None = None
             for i, off in enumerate(range(0, n, chunk)):
@@ -850,6 +875,7 @@ class Worker:
                 prev = (ev, blk, off, k)
             if prev is not None:
                 self._land(prev, address)
+            landed = True
         except DriverError as e:
             if e.sticky:
                 self._async_failure(e)
@@ -857,6 +883,13 @@ class Worker:
             raise BackendError(ErrorStatus.COPY, f"{self.name}: reading buffer {buffer} back failed: "
                                f"{e.context}") from None
         finally:
+            if not landed:
+                # a copy queued before the failure may still be writing a staging block: wait for it, and
+                # never hand out blocks or events that a copy on a broken context may still touch
+                try:
+                    drv.stream_synchronize(stream)
+                except DriverError:
+                    blocks, events = [], []
             for blk in blocks:
                 self.staging.release(blk)
             self.free_events.extend(events)
