@@ -84,6 +84,23 @@ def test_fusion_planning_takes_few_rounds(monkeypatch):
     assert 0 < len(calls) <= 8, calls  # one check per kernel per round; a reduce its own kernel stores ends it
 
 
+def test_a_reduce_of_an_expanded_value_runs_once_per_distinct_value(monkeypatch):
+    from zyx import utils
+    from zyx.graph import schedule
+
+    monkeypatch.setattr(utils, "KERNEL_LOG", [])
+    schedule.clear_cache()
+    a = np.random.default_rng(0).random((1, 64, 8), dtype=np.float32)
+    x = zyx.Tensor(a)
+    y = x.expand(256, 64, 8).sum(1)  # every one of the 256 rows is the same 8 sums
+    debug.schedule(y)
+    with_reduce = [k for k in utils.KERNEL_LOG if k.reduces()]
+    assert [k.size for k in with_reduce] == [8]  # 8 sums of 64, not 256 * 8
+    np.testing.assert_allclose(y.numpy(), np.broadcast_to(a.sum(1), (256, 8)), rtol=1e-5)
+    assert debug.schedule(x.expand(256, 64, 8).max(0)) == []  # max over copies: no work at all
+    np.testing.assert_array_equal(x.expand(256, 64, 8).max(0).numpy(), a[0])
+
+
 # ---- integer bounds in the kernel IR --------------------------------------------------------------------------
 
 

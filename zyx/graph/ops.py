@@ -45,12 +45,22 @@ def where(c: Class, a: Class, b: Class) -> Class:
     return make(Op.WHERE, (c, a, b), None, a.shape, a.dtype, a.device)
 
 
+_IDEMPOTENT = frozenset({"max", "min", "or", "and"})  # reducing copies of one value gives that value
+
+
 def reduce(op: str, x: Class, axes: tuple[int, ...]) -> Class:
-    """Reduce over ``axes`` keeping them as size 1."""
+    """Reduce over ``axes`` keeping them as size 1. A reduce of an expanded value is computed before the expand
+    (once per distinct value, not once per copy) when no reduced axis was expanded, or when the op ignores
+    copies (max, min, or, and: those axes are dropped)."""
     axes = tuple(sorted(a for a in axes if x.shape[a] != 1))
     if not axes:
         return x
     shape = tuple(1 if i in axes else s for i, s in enumerate(x.shape))
+    if x.op is Op.EXPAND:
+        src = x.srcs[0]
+        copied = {i for i, (s, o) in enumerate(zip(src.shape, x.shape)) if s != o}
+        if op in _IDEMPOTENT or not copied & set(axes):
+            return expand(reduce(op, src, tuple(a for a in axes if a not in copied)), shape)
     return make(Op.REDUCE, (x,), (op, axes), shape, x.dtype, x.device)
 
 
