@@ -106,12 +106,14 @@ def as_python(value, d: DType):
     if d.is_int:
         return int(value)
     value = float(value)
-    if d is float64 or not -65504.0 <= value <= 65504.0:  # no overflow below float16's largest finite value
-        if d is float64 or value != value:
-            return value
-        with np.errstate(over="ignore"):
-            return float(d.np_dtype.type(value))
-    return float(d.np_dtype.type(value))  # the nearest value of the dtype: a weak scalar rounds to it, as in NumPy
+    if d is float64 or value != value:
+        return value
+    # the nearest value of the dtype (a weak scalar rounds to it, as in NumPy); only a value beyond float16's
+    # largest finite one can overflow, so the error-state switch stays off the common path
+    if -65504.0 <= value <= 65504.0:
+        return float(d.np_dtype.type(value))
+    with np.errstate(over="ignore"):
+        return float(d.np_dtype.type(value))
 
 
 def promote_types(a: DType, b: DType) -> DType:
@@ -175,5 +177,5 @@ def float_to_int(value: float, d: DType) -> int:
         return lo if math.isnan(x) or not lo - 1 < x < -lo else int(x)
 
     if d is uint64 and value >= 2.0**63:
-        return wrap(via(64, value - 2.0**63), int64) % (1 << 64) ^ (1 << 63)
+        return via(64, value - 2.0**63) % (1 << 64) ^ (1 << 63)
     return wrap(via(32 if d.itemsize < 4 or d is int32 else 64, value), d)

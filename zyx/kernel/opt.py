@@ -189,6 +189,9 @@ def _cuts(k: Kernel) -> dict[Expr, set[int]]:
     return out
 
 
+MAX_SEGMENTS = 130  # more pieces than this keep the select chain (code size grows with the segments)
+
+
 def split_segments(k: Kernel) -> list[Kernel]:
     """Index-set splitting: an output loop whose range is compared with constants (the select chain of ``cat``,
     the bounds of ``pad``) becomes one loop nest per segment between the cut points, where every such
@@ -210,9 +213,6 @@ def split_segments(k: Kernel) -> list[Kernel]:
         loops = tuple(rj if x is best else x for x in k.loops)
         parts.append(_substitute_kernel(k, {best: rj + lo}, loops))
     return parts
-
-
-MAX_SEGMENTS = 130
 
 
 def optimize(k: Kernel, info: DeviceInfo) -> Kernel:

@@ -416,12 +416,13 @@ class CRenderer(CStyleRenderer):
                 lines.append(f"  {c}{st} *{self.restrict} p{i} = ({c}{st}*)args[{i}];")
         if not k.then:
             emit_block(linearize(k), "  ")
-        for part in (k, *k.then) if k.then else ():  # one scope per segment: names never leak between them
-            name.clear()
-            acc_name.clear()
-            lines.append("  {")
-            emit_block(linearize(part), "    ")
-            lines.append("  }")
+        else:
+            for part in (k, *k.then):  # one scope per segment: names never leak between them
+                name.clear()
+                acc_name.clear()
+                lines.append("  {")
+                emit_block(linearize(part), "    ")
+                lines.append("  }")
         body = "\n".join(lines)
         return f"{self.prelude()}\nvoid {k.name}(void **args) {{\n{body}\n}}\n"
 
