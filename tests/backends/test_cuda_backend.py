@@ -347,13 +347,12 @@ def _have_driver() -> bool:
 
 
 @pytest.mark.skipif(_have_driver(), reason="a CUDA driver is present")
-def test_registry_reports_missing_driver(tmp_path):
+def test_registry_reports_missing_driver(tmp_path, monkeypatch):
+    monkeypatch.setenv("ZYX_CUDA_EMULATE", "0")  # the real driver only
     f = tmp_path / "c.json"
     f.write_text("{}")
     status = reg.Registry(f).report()
     assert status["cuda"] == f"unavailable: {driver.NO_LIBCUDA}"
-    if not os.environ.get("ZYX_CONFIG"):
-        assert "libcuda.so not found: no NVIDIA driver on this machine" in zyx.registry().report()["cuda"]
     out = subprocess.run([sys.executable, "-m", "zyx", "--size", "4096"], capture_output=True, text=True,
                          timeout=300, env={**os.environ, "ZYX_CONFIG": str(f)})
     assert out.returncode == 0, out.stderr
@@ -1033,7 +1032,7 @@ def _fake_registry(monkeypatch, tmp_path, config: dict):
         return plans[-1]
 
     monkeypatch.setattr(cudnn, "build_plan", build)
-    monkeypatch.setattr(cudnn, "ensure_available", lambda: None)
+    monkeypatch.setattr(cudnn, "ensure_available", lambda drv=None: "")
     monkeypatch.setitem(reg.PROBES, "cuda", lambda cfg: backend.probe(cfg["cuda"], driver=fake))
     f = tmp_path / "c.json"
     f.write_text(json.dumps({"default_device": "host", **config}))
@@ -1235,7 +1234,7 @@ class _StubBindings:
         self.args: dict[str, tuple] = {}
 
     def __getattr__(self, name: str):
-        if name.startswith("cu") and name[2:3].isupper():
+        if name.startswith("cu") and name[2:3].isupper() and not name.startswith("cuGetError"):
             def call(*args):
                 self.args[name] = args
                 return self.results[name]

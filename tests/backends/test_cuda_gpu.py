@@ -31,8 +31,12 @@ def _cuda_names() -> list[str]:
         return []
 
 
+def _emulated() -> bool:
+    return bool(CUDA) and "emulated" in reg.registry().status.get("cuda", "")
+
+
 CUDA = _cuda_names()
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not CUDA, reason="no CUDA GPU: "
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not CUDA or _emulated(), reason="no CUDA GPU: "
                                                    f"{reg.registry().status.get('cuda', 'not probed')}")]
 
 

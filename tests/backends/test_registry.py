@@ -59,7 +59,8 @@ def test_malformed_files_name_file_line_and_key(tmp_path, text, match):
         reg.load_config(f)
 
 
-def test_disabled_and_missing_backends_are_reported_not_fatal(tmp_path):
+def test_disabled_and_missing_backends_are_reported_not_fatal(tmp_path, monkeypatch):
+    monkeypatch.delenv("ZYX_DEFAULT_DEVICE", raising=False)
     f = tmp_path / "c.json"
     f.write_text(json.dumps({"cuda": {"device_ids": []}, "host": {"cc": "no-such-compiler-xyz"}}))
     r = reg.Registry(f)

@@ -3,7 +3,8 @@
 Config file: ``$ZYX_CONFIG`` if set, else ``$XDG_CONFIG_HOME/zyx/config.json``, else
 ``~/.config/zyx/config.json``; a missing file means defaults. A malformed file raises ``ConfigError`` naming
 the file, the line and the key. Backends start lazily on first use; one that cannot start is recorded with
-its reason (``report()``, ``ZYX_DEBUG=dev``) and skipped, never a crash at import.
+its reason (``report()``, ``ZYX_DEBUG=dev``) and skipped, never a crash at import. ``ZYX_DEFAULT_DEVICE``
+overrides the config's ``default_device``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from zyx.utils import log
 DEFAULTS: dict = {
     "host": {"enabled": True, "cc": "cc", "openmp": True, "threads": None},
     "blas": {"enabled": True},
-    "cuda": {"device_ids": None, "cudnn": True, "queues": 12},
+    "cuda": {"device_ids": None, "cudnn": True, "queues": 12, "emulate": False},
     "disk": {},
     "autotune": {"enabled": False, "budget_s": 10},
     "default_device": None,
@@ -32,7 +33,7 @@ DEFAULTS: dict = {
 _TYPES: dict[str, dict[str, tuple]] = {
     "host": {"enabled": (bool,), "cc": (str,), "openmp": (bool,), "threads": (int, type(None))},
     "blas": {"enabled": (bool,)},
-    "cuda": {"device_ids": (list, type(None)), "cudnn": (bool,), "queues": (int,)},
+    "cuda": {"device_ids": (list, type(None)), "cudnn": (bool,), "queues": (int,), "emulate": (bool,)},
     "disk": {},
     "autotune": {"enabled": (bool,), "budget_s": (int, float)},
 }
@@ -106,6 +107,7 @@ class Placement:
     name: str
     pool: Pool
     devices: list[Device] = field(default_factory=list)
+    note: str = ""  # shown beside the backend's status (e.g. "emulated: H200, sm_90")
 
     @property
     def primary(self) -> Device:
@@ -167,7 +169,7 @@ class Registry:
         self._placements: dict[str, Placement] | None = None
         self.status: dict[str, str] = {}
         self._lock = threading.RLock()
-        self._default: str | None = self.config["default_device"]
+        self._default: str | None = os.environ.get("ZYX_DEFAULT_DEVICE") or self.config["default_device"]
 
     def placements(self) -> dict[str, Placement]:
         with self._lock:
@@ -182,7 +184,9 @@ class Registry:
                         continue
                     for p in ps:
                         found[p.name] = p
-                    self.status[name] = "ok: " + ", ".join(p.name for p in ps) if ps else "no devices"
+                    notes = "; ".join(dict.fromkeys(p.note for p in ps if p.note))
+                    ok = f"ok ({notes})" if notes else "ok"
+                    self.status[name] = f"{ok}: " + ", ".join(p.name for p in ps) if ps else "no devices"
                     log("dev", f"{name}: {self.status[name]}")
                 self._placements = found
             return self._placements

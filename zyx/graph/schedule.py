@@ -125,8 +125,9 @@ def plan(order: list[Class], leaves: list[Class], outputs: list[Class]) -> Plan:
     for c in order:
         if c in stored:
             slot[id(c)] = len(slot)
-            # copies allocate their destination themselves (it may import the source without copying)
-            if id(c) not in aliases and c.op is not Op.COPY:
+            # copies allocate their destination themselves (it may import the source without copying), except
+            # empty ones, which run no step but still need a (zero-byte) buffer
+            if id(c) not in aliases and (c.op is not Op.COPY or c.numel == 0):
                 alloc.append((slot[id(c)], reg.get(c.device).pool, c.device, c.nbytes))
     alias_slots = [(slot[i], slot[id(src)]) for i, src in aliases.items()]
 

@@ -7,11 +7,14 @@ Invariants:
   ``CudaPool`` and ``[CudaDevice]`` sharing one worker thread. A GPU whose worker cannot start is skipped (logged
   under ``ZYX_DEBUG=dev``); if none starts, the first error is raised.
 - Workers are closed (drained, thread stopped) at interpreter exit.
+- ``cuda.emulate`` (or ``ZYX_CUDA_EMULATE=1``) loads the emulated driver's bindings instead of cuda-python's; the
+  placements' ``note`` then says so (and that cuDNN is its reference double). Nothing else differs.
 """
 
 from __future__ import annotations
 
 import atexit
+import os
 import weakref
 
 from zyx.backends.base import BackendError, ErrorStatus
@@ -31,6 +34,14 @@ def _close_all() -> None:
             pass
 
 
+def emulation_requested(cuda_config: dict) -> bool:
+    """``ZYX_CUDA_EMULATE`` (when set) or the config's ``emulate``."""
+    env = os.environ.get("ZYX_CUDA_EMULATE", "").strip().lower()
+    if env:
+        return env not in ("0", "false", "no", "off")
+    return bool(cuda_config.get("emulate", False))
+
+
 def worker_config(cuda_config: dict) -> WorkerConfig:
     return WorkerConfig(queues=int(cuda_config.get("queues") or 12), sync_each=debug_on("launch"))
 
@@ -42,7 +53,7 @@ def probe(cuda_config: dict, driver: Driver | None = None) -> list:
     from zyx.backends.registry import Placement
 
     global _atexit_registered
-    drv = driver if driver is not None else load_driver()
+    drv = driver if driver is not None else load_driver(emulate=emulation_requested(cuda_config))
     count = drv.device_count()
     if count == 0:
         raise BackendError(ErrorStatus.INITIALIZATION, "no CUDA GPU visible; check nvidia-smi and "
@@ -54,11 +65,12 @@ def probe(cuda_config: dict, driver: Driver | None = None) -> list:
         raise BackendError(ErrorStatus.INITIALIZATION, f"cuda.device_ids lists GPU {missing[0]} but only {count} "
                            f"GPU(s) are visible (ordinals 0..{count - 1}); fix the config file")
     use_cudnn = bool(cuda_config.get("cudnn", True))
+    notes = [getattr(drv, "note", "")]
     if use_cudnn:
         from zyx.backends.cuda.cudnn import ensure_available
 
         try:
-            ensure_available()
+            notes.append(ensure_available(drv))
         except BackendError as e:
             log("dev", f"cuda: cuDNN off: {e.context}")
             use_cudnn = False
@@ -74,7 +86,8 @@ def probe(cuda_config: dict, driver: Driver | None = None) -> list:
             continue
         _workers.add(worker)
         pool = CudaPool(worker)
-        placements.append(Placement(worker.name, pool, [CudaDevice(pool, cudnn=use_cudnn)]))
+        placements.append(Placement(worker.name, pool, [CudaDevice(pool, cudnn=use_cudnn)],
+                                    note="; ".join(n for n in notes if n)))
     if not placements:
         assert first_error is not None
         raise BackendError(ErrorStatus.INITIALIZATION, first_error.context)

@@ -45,8 +45,12 @@ class CudnnUnavailable(Exception):
     """cuDNN cannot be used at all on this device (library missing or failing to start)."""
 
 
-def _cudnn():
+def _cudnn(drv: Any = None):
+    """The cuDNN frontend of ``drv``'s bindings (``import cudnn`` when ``drv`` is None)."""
     try:
+        frontend = getattr(drv, "cudnn_frontend", None)
+        if frontend is not None:
+            return frontend()
         import cudnn
     except ImportError as e:
         raise CudnnUnavailable(f"nvidia-cudnn-frontend not installed ({e}): pip install 'zyx[cuda]'") from None
@@ -173,7 +177,7 @@ def stream_handle(worker: Any, stream_index: int) -> Any:
     handles = worker.library_state.setdefault("cudnn_handles", {})
     h = handles.get(stream_index)
     if h is None:
-        cudnn = _cudnn()
+        cudnn = _cudnn(worker.drv)
         try:
             h = cudnn.create_handle()
             cudnn.set_stream(h, worker.stream(stream_index))
@@ -205,7 +209,7 @@ class CudnnPlan:
 
 def build_plan(worker: Any, spec: MatmulSpec) -> CudnnPlan:
     """(worker thread) Validate and build the cuDNN plan of ``spec``; ``CudnnUnsupported`` when cuDNN declines."""
-    cudnn = _cudnn()
+    cudnn = _cudnn(worker.drv)
     handle = stream_handle(worker, 0)
     g, tensors = describe(spec, cudnn, handle)
     try:
@@ -284,9 +288,10 @@ class CudnnMatmul:
                                                         spec))
 
 
-def ensure_available() -> None:
-    """Raise ``BackendError(INITIALIZATION)`` when the cuDNN frontend cannot be imported."""
+def ensure_available(drv: Any = None) -> str:
+    """What provides cuDNN for ``drv`` (``""`` for the real library, else its note); raise
+    ``BackendError(INITIALIZATION)`` when the cuDNN frontend cannot be loaded."""
     try:
-        _cudnn()
+        return getattr(_cudnn(drv), "NOTE", "")
     except CudnnUnavailable as e:
         raise BackendError(ErrorStatus.INITIALIZATION, str(e)) from None

@@ -8,6 +8,9 @@ Invariants:
   primary context current); only ``load_driver`` / ``device_count`` run before the workers exist.
 - The worker uses nothing but the methods below, so a test double with the same methods can replace a ``Driver``
   (``tests/backends/test_cuda_backend.py`` has one that simulates device memory with host memory).
+- The bindings are cuda-python's ``cuda.bindings.driver``, or the emulated driver (``zyx.backends.cuda.emulator``,
+  chosen by ``load_driver(emulate=True)``) with the same calls; the choice is made once, here. The bindings may
+  also provide the cuDNN frontend (``cudnn_frontend()``) and a ``note`` saying what they are.
 - Availability is probed without crashing: a missing cuda-python, a missing libcuda (cuda-python raises
   ``cuda.pathfinder.DynamicLibNotFoundError``, a ``RuntimeError``) or a failing ``cuInit`` becomes a
   ``BackendError(INITIALIZATION, reason)`` with a reason a person can act on.
@@ -63,12 +66,14 @@ def _bindings():
     return cu
 
 
-def error_text(code: int) -> tuple[str, str]:
-    """(name, description) of a CUresult; falls back to the enum name when libcuda cannot describe it."""
-    try:
-        cu = _bindings()
-    except ImportError:
-        return f"CUresult {int(code)}", "unknown error"
+def error_text(code: int, cu: Any = None) -> tuple[str, str]:
+    """(name, description) of a CUresult from the bindings ``cu`` (default: cuda-python's); falls back to the enum
+    name when libcuda cannot describe it."""
+    if cu is None:
+        try:
+            cu = _bindings()
+        except ImportError:
+            return f"CUresult {int(code)}", "unknown error"
     try:
         err, name = cu.cuGetErrorName(code)
         err2, desc = cu.cuGetErrorString(code)
@@ -82,7 +87,7 @@ def error_text(code: int) -> tuple[str, str]:
         return f"CUresult {int(code)}", "unknown error"
 
 
-def check(result: Any, status: ErrorStatus, context: str) -> Any:
+def check(result: Any, status: ErrorStatus, context: str, cu: Any = None) -> Any:
     """Unpack a driver call's ``(CUresult, *outputs)``: the outputs (None, one value, or a tuple), or raise.
 
     The raised ``DriverError`` reads ``"<context>: <CUDA_ERROR_NAME> (<description>)"``.
@@ -92,7 +97,7 @@ def check(result: Any, status: ErrorStatus, context: str) -> Any:
     else:
         code, outputs = result, ()
     if code:
-        name, desc = error_text(code)
+        name, desc = error_text(code, cu)
         raise DriverError(status, f"{context}: {name} ({desc})", int(code), name)
     if not outputs:
         return None
@@ -105,48 +110,62 @@ class Driver:
     def __init__(self, bindings: Any = None) -> None:
         self.cu = bindings if bindings is not None else _bindings()
         cu = self.cu
+        self.note: str = getattr(cu, "note", "")  # what these bindings are, when not the NVIDIA driver
         self._attr = cu.CUdevice_attribute
         self._event_timing = int(cu.CUevent_flags.CU_EVENT_DEFAULT)
         self._event_no_timing = int(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)
         self._non_blocking = int(cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
 
+    def _check(self, result: Any, status: ErrorStatus, context: str) -> Any:
+        return check(result, status, context, self.cu)
+
+    def cudnn_frontend(self) -> Any:
+        """The cuDNN frontend module for these bindings (``import cudnn`` for the NVIDIA driver); ImportError when
+        it is not installed."""
+        own = getattr(self.cu, "cudnn_frontend", None)
+        if own is not None:
+            return own()
+        import cudnn  # optional dependency: nvidia-cudnn-frontend
+
+        return cudnn
+
     # ---- devices and contexts --------------------------------------------------------------------------------
     def init(self) -> None:
-        check(self.cu.cuInit(0), ErrorStatus.INITIALIZATION, "cuInit")
+        self._check(self.cu.cuInit(0), ErrorStatus.INITIALIZATION, "cuInit")
 
     def driver_version(self) -> int:
-        return int(check(self.cu.cuDriverGetVersion(), ErrorStatus.INITIALIZATION, "cuDriverGetVersion"))
+        return int(self._check(self.cu.cuDriverGetVersion(), ErrorStatus.INITIALIZATION, "cuDriverGetVersion"))
 
     def device_count(self) -> int:
-        return int(check(self.cu.cuDeviceGetCount(), ErrorStatus.INITIALIZATION, "cuDeviceGetCount"))
+        return int(self._check(self.cu.cuDeviceGetCount(), ErrorStatus.INITIALIZATION, "cuDeviceGetCount"))
 
     def device(self, ordinal: int) -> int:
-        return int(check(self.cu.cuDeviceGet(ordinal), ErrorStatus.INITIALIZATION, f"cuDeviceGet({ordinal})"))
+        return int(self._check(self.cu.cuDeviceGet(ordinal), ErrorStatus.INITIALIZATION, f"cuDeviceGet({ordinal})"))
 
     def device_name(self, dev: int) -> str:
-        raw = check(self.cu.cuDeviceGetName(256, dev), ErrorStatus.INITIALIZATION, "cuDeviceGetName")
+        raw = self._check(self.cu.cuDeviceGetName(256, dev), ErrorStatus.INITIALIZATION, "cuDeviceGetName")
         return bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
 
     def device_attribute(self, dev: int, name: str) -> int:
         attr = getattr(self._attr, "CU_DEVICE_ATTRIBUTE_" + name)
-        return int(check(self.cu.cuDeviceGetAttribute(attr, dev), ErrorStatus.INITIALIZATION,
+        return int(self._check(self.cu.cuDeviceGetAttribute(attr, dev), ErrorStatus.INITIALIZATION,
                          f"cuDeviceGetAttribute({name})"))
 
     def total_memory(self, dev: int) -> int:
-        return int(check(self.cu.cuDeviceTotalMem(dev), ErrorStatus.INITIALIZATION, "cuDeviceTotalMem"))
+        return int(self._check(self.cu.cuDeviceTotalMem(dev), ErrorStatus.INITIALIZATION, "cuDeviceTotalMem"))
 
     def primary_context(self, dev: int) -> int:
-        return int(check(self.cu.cuDevicePrimaryCtxRetain(dev), ErrorStatus.INITIALIZATION,
+        return int(self._check(self.cu.cuDevicePrimaryCtxRetain(dev), ErrorStatus.INITIALIZATION,
                          "cuDevicePrimaryCtxRetain"))
 
     def release_primary_context(self, dev: int) -> None:
-        check(self.cu.cuDevicePrimaryCtxRelease(dev), ErrorStatus.DEALLOCATION, "cuDevicePrimaryCtxRelease")
+        self._check(self.cu.cuDevicePrimaryCtxRelease(dev), ErrorStatus.DEALLOCATION, "cuDevicePrimaryCtxRelease")
 
     def set_current(self, ctx: int) -> None:
-        check(self.cu.cuCtxSetCurrent(ctx), ErrorStatus.INITIALIZATION, "cuCtxSetCurrent")
+        self._check(self.cu.cuCtxSetCurrent(ctx), ErrorStatus.INITIALIZATION, "cuCtxSetCurrent")
 
     def can_access_peer(self, dev: int, peer: int) -> bool:
-        return bool(check(self.cu.cuDeviceCanAccessPeer(dev, peer), ErrorStatus.COPY, "cuDeviceCanAccessPeer"))
+        return bool(self._check(self.cu.cuDeviceCanAccessPeer(dev, peer), ErrorStatus.COPY, "cuDeviceCanAccessPeer"))
 
     def enable_peer_access(self, peer_ctx: int) -> None:
         """Let the current context read ``peer_ctx``'s memory; already enabled counts as success."""
@@ -154,27 +173,28 @@ class Driver:
         code = err[0] if isinstance(err, tuple) else err
         if int(code) == PEER_ACCESS_ALREADY_ENABLED:
             return
-        check(err, ErrorStatus.COPY, "cuCtxEnablePeerAccess")
+        self._check(err, ErrorStatus.COPY, "cuCtxEnablePeerAccess")
 
     # ---- streams and events ----------------------------------------------------------------------------------
     def stream_create(self) -> int:
-        return int(check(self.cu.cuStreamCreate(self._non_blocking), ErrorStatus.INITIALIZATION, "cuStreamCreate"))
+        return int(self._check(self.cu.cuStreamCreate(self._non_blocking), ErrorStatus.INITIALIZATION,
+                               "cuStreamCreate"))
 
     def stream_destroy(self, stream: int) -> None:
-        check(self.cu.cuStreamDestroy(stream), ErrorStatus.DEALLOCATION, "cuStreamDestroy")
+        self._check(self.cu.cuStreamDestroy(stream), ErrorStatus.DEALLOCATION, "cuStreamDestroy")
 
     def stream_synchronize(self, stream: int) -> None:
-        check(self.cu.cuStreamSynchronize(stream), ErrorStatus.SYNC, "cuStreamSynchronize")
+        self._check(self.cu.cuStreamSynchronize(stream), ErrorStatus.SYNC, "cuStreamSynchronize")
 
     def stream_wait_event(self, stream: int, event: int) -> None:
-        check(self.cu.cuStreamWaitEvent(stream, event, 0), ErrorStatus.LAUNCH, "cuStreamWaitEvent")
+        self._check(self.cu.cuStreamWaitEvent(stream, event, 0), ErrorStatus.LAUNCH, "cuStreamWaitEvent")
 
     def event_create(self, timing: bool = False) -> int:
         flags = self._event_timing if timing else self._event_no_timing
-        return int(check(self.cu.cuEventCreate(flags), ErrorStatus.INITIALIZATION, "cuEventCreate"))
+        return int(self._check(self.cu.cuEventCreate(flags), ErrorStatus.INITIALIZATION, "cuEventCreate"))
 
     def event_record(self, event: int, stream: int) -> None:
-        check(self.cu.cuEventRecord(event, stream), ErrorStatus.LAUNCH, "cuEventRecord")
+        self._check(self.cu.cuEventRecord(event, stream), ErrorStatus.LAUNCH, "cuEventRecord")
 
     def event_query(self, event: int) -> bool:
         """True when the work before the event completed, False while it runs; raises an earlier async error."""
@@ -182,26 +202,26 @@ class Driver:
         code = err[0] if isinstance(err, tuple) else err
         if int(code) == NOT_READY:
             return False
-        check(err, ErrorStatus.SYNC, "cuEventQuery")
+        self._check(err, ErrorStatus.SYNC, "cuEventQuery")
         return True
 
     def event_synchronize(self, event: int) -> None:
-        check(self.cu.cuEventSynchronize(event), ErrorStatus.SYNC, "cuEventSynchronize")
+        self._check(self.cu.cuEventSynchronize(event), ErrorStatus.SYNC, "cuEventSynchronize")
 
     def event_elapsed_ms(self, start: int, end: int) -> float:
-        return float(check(self.cu.cuEventElapsedTime(start, end), ErrorStatus.SYNC, "cuEventElapsedTime"))
+        return float(self._check(self.cu.cuEventElapsedTime(start, end), ErrorStatus.SYNC, "cuEventElapsedTime"))
 
     def event_destroy(self, event: int) -> None:
-        check(self.cu.cuEventDestroy(event), ErrorStatus.DEALLOCATION, "cuEventDestroy")
+        self._check(self.cu.cuEventDestroy(event), ErrorStatus.DEALLOCATION, "cuEventDestroy")
 
     # ---- memory ----------------------------------------------------------------------------------------------
     def default_mem_pool(self, dev: int) -> int:
-        return int(check(self.cu.cuDeviceGetDefaultMemPool(dev), ErrorStatus.INITIALIZATION,
+        return int(self._check(self.cu.cuDeviceGetDefaultMemPool(dev), ErrorStatus.INITIALIZATION,
                          "cuDeviceGetDefaultMemPool"))
 
     def mem_pool_set_release_threshold(self, pool: int, nbytes: int) -> None:
         attr = self.cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD
-        check(self.cu.cuMemPoolSetAttribute(pool, attr, self.cu.cuuint64_t(nbytes)), ErrorStatus.INITIALIZATION,
+        self._check(self.cu.cuMemPoolSetAttribute(pool, attr, self.cu.cuuint64_t(nbytes)), ErrorStatus.INITIALIZATION,
               "cuMemPoolSetAttribute(RELEASE_THRESHOLD)")
 
     def mem_pool_usage(self, pool: int) -> tuple[int, int]:
@@ -209,76 +229,82 @@ class Driver:
         a = self.cu.CUmemPool_attribute
         out = []
         for attr in (a.CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, a.CU_MEMPOOL_ATTR_USED_MEM_CURRENT):
-            out.append(int(check(self.cu.cuMemPoolGetAttribute(pool, attr), ErrorStatus.SYNC,
+            out.append(int(self._check(self.cu.cuMemPoolGetAttribute(pool, attr), ErrorStatus.SYNC,
                                  "cuMemPoolGetAttribute")))
         return out[0], out[1]
 
     def mem_pool_trim(self, pool: int, keep_bytes: int = 0) -> None:
-        check(self.cu.cuMemPoolTrimTo(pool, keep_bytes), ErrorStatus.DEALLOCATION, "cuMemPoolTrimTo")
+        self._check(self.cu.cuMemPoolTrimTo(pool, keep_bytes), ErrorStatus.DEALLOCATION, "cuMemPoolTrimTo")
 
     def mem_alloc_async(self, nbytes: int, stream: int) -> int:
-        return int(check(self.cu.cuMemAllocAsync(nbytes, stream), ErrorStatus.ALLOCATION, "cuMemAllocAsync"))
+        return int(self._check(self.cu.cuMemAllocAsync(nbytes, stream), ErrorStatus.ALLOCATION, "cuMemAllocAsync"))
 
     def mem_free_async(self, ptr: int, stream: int) -> None:
-        check(self.cu.cuMemFreeAsync(ptr, stream), ErrorStatus.DEALLOCATION, "cuMemFreeAsync")
+        self._check(self.cu.cuMemFreeAsync(ptr, stream), ErrorStatus.DEALLOCATION, "cuMemFreeAsync")
 
     def mem_alloc(self, nbytes: int) -> int:
-        return int(check(self.cu.cuMemAlloc(nbytes), ErrorStatus.ALLOCATION, "cuMemAlloc"))
+        return int(self._check(self.cu.cuMemAlloc(nbytes), ErrorStatus.ALLOCATION, "cuMemAlloc"))
 
     def mem_free(self, ptr: int) -> None:
-        check(self.cu.cuMemFree(ptr), ErrorStatus.DEALLOCATION, "cuMemFree")
+        self._check(self.cu.cuMemFree(ptr), ErrorStatus.DEALLOCATION, "cuMemFree")
 
     def mem_get_info(self) -> tuple[int, int]:
-        free, total = check(self.cu.cuMemGetInfo(), ErrorStatus.ALLOCATION, "cuMemGetInfo")
+        free, total = self._check(self.cu.cuMemGetInfo(), ErrorStatus.ALLOCATION, "cuMemGetInfo")
         return int(free), int(total)
 
     def host_alloc(self, nbytes: int) -> int:
         """Pinned (page-locked) host memory, as an address usable from any thread."""
-        return int(check(self.cu.cuMemHostAlloc(nbytes, 0), ErrorStatus.ALLOCATION, "cuMemHostAlloc"))
+        return int(self._check(self.cu.cuMemHostAlloc(nbytes, 0), ErrorStatus.ALLOCATION, "cuMemHostAlloc"))
 
     def host_free(self, ptr: int) -> None:
-        check(self.cu.cuMemFreeHost(ptr), ErrorStatus.DEALLOCATION, "cuMemFreeHost")
+        self._check(self.cu.cuMemFreeHost(ptr), ErrorStatus.DEALLOCATION, "cuMemFreeHost")
 
     def memcpy_htod_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
-        check(self.cu.cuMemcpyHtoDAsync(dst, src, nbytes, stream), ErrorStatus.COPY, "cuMemcpyHtoDAsync")
+        self._check(self.cu.cuMemcpyHtoDAsync(dst, src, nbytes, stream), ErrorStatus.COPY, "cuMemcpyHtoDAsync")
 
     def memcpy_dtoh_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
-        check(self.cu.cuMemcpyDtoHAsync(dst, src, nbytes, stream), ErrorStatus.COPY, "cuMemcpyDtoHAsync")
+        self._check(self.cu.cuMemcpyDtoHAsync(dst, src, nbytes, stream), ErrorStatus.COPY, "cuMemcpyDtoHAsync")
 
     def memcpy_dtod_async(self, dst: int, src: int, nbytes: int, stream: int) -> None:
-        check(self.cu.cuMemcpyDtoDAsync(dst, src, nbytes, stream), ErrorStatus.COPY, "cuMemcpyDtoDAsync")
+        self._check(self.cu.cuMemcpyDtoDAsync(dst, src, nbytes, stream), ErrorStatus.COPY, "cuMemcpyDtoDAsync")
 
     def memcpy_peer_async(self, dst: int, dst_ctx: int, src: int, src_ctx: int, nbytes: int, stream: int) -> None:
-        check(self.cu.cuMemcpyPeerAsync(dst, dst_ctx, src, src_ctx, nbytes, stream), ErrorStatus.COPY,
+        self._check(self.cu.cuMemcpyPeerAsync(dst, dst_ctx, src, src_ctx, nbytes, stream), ErrorStatus.COPY,
               "cuMemcpyPeerAsync")
 
     # ---- modules and launches --------------------------------------------------------------------------------
     def module_load(self, image: bytes) -> int:
-        return int(check(self.cu.cuModuleLoadData(image), ErrorStatus.COMPILATION, "cuModuleLoadData"))
+        return int(self._check(self.cu.cuModuleLoadData(image), ErrorStatus.COMPILATION, "cuModuleLoadData"))
 
     def module_function(self, module: int, name: str) -> int:
-        return int(check(self.cu.cuModuleGetFunction(module, name.encode()), ErrorStatus.COMPILATION,
+        return int(self._check(self.cu.cuModuleGetFunction(module, name.encode()), ErrorStatus.COMPILATION,
                          f"cuModuleGetFunction({name})"))
 
     def module_unload(self, module: int) -> None:
-        check(self.cu.cuModuleUnload(module), ErrorStatus.DEALLOCATION, "cuModuleUnload")
+        self._check(self.cu.cuModuleUnload(module), ErrorStatus.DEALLOCATION, "cuModuleUnload")
 
     def func_set_max_dynamic_shared(self, function: int, nbytes: int) -> None:
         attr = self.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        check(self.cu.cuFuncSetAttribute(function, attr, nbytes), ErrorStatus.COMPILATION,
+        self._check(self.cu.cuFuncSetAttribute(function, attr, nbytes), ErrorStatus.COMPILATION,
               "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
 
     def launch_kernel(self, function: int, grid: tuple[int, int, int], block: tuple[int, int, int],
                       shared_bytes: int, stream: int, params: int) -> None:
         """``params``: the address of a ``void*[]`` with one pointer per kernel parameter (0 for none)."""
-        check(self.cu.cuLaunchKernel(function, grid[0], grid[1], grid[2], block[0], block[1], block[2],
+        self._check(self.cu.cuLaunchKernel(function, grid[0], grid[1], grid[2], block[0], block[1], block[2],
                                      shared_bytes, stream, params, 0), ErrorStatus.LAUNCH, "cuLaunchKernel")
 
 
-def load_driver() -> Driver:
-    """An initialized ``Driver``, or ``BackendError(INITIALIZATION, reason)`` saying what is missing."""
+def load_driver(emulate: bool = False) -> Driver:
+    """An initialized ``Driver`` over cuda-python's bindings, or over the emulated driver when ``emulate``; else
+    ``BackendError(INITIALIZATION, reason)`` saying what is missing."""
     try:
-        drv = Driver()
+        if emulate:
+            from zyx.backends.cuda import emulator
+
+            drv = Driver(emulator.EmulatedDriver(emulator.config_from_env()))
+        else:
+            drv = Driver()
     except ImportError:
         raise BackendError(ErrorStatus.INITIALIZATION, NO_CUDA_PYTHON) from None
     try:
@@ -294,10 +320,10 @@ def load_driver() -> Driver:
     return drv
 
 
-def unavailable_reason() -> str | None:
+def unavailable_reason(emulate: bool = False) -> str | None:
     """Why the CUDA driver cannot be used here, or None when it can (and at least one GPU is visible)."""
     try:
-        drv = load_driver()
+        drv = load_driver(emulate)
         if drv.device_count() == 0:
             return "no CUDA GPU visible; check nvidia-smi and CUDA_VISIBLE_DEVICES"
     except BackendError as e:

@@ -11,6 +11,8 @@ Invariants:
   are installed once per NVRTC version under ``<cache_dir>/cuda/headers-<major>.<minor>`` and passed with ``-I``.
 - Failure: ``BackendError(COMPILATION)`` with the NVRTC log and the path of the source, written next to the
   cache so a person can reproduce it.
+- ``source_of(cubin)``: the CUDA C of every cubin ``compile_cubin`` handed out in this process (by content hash),
+  for diagnostics and for the emulated driver, which runs the source a cubin was compiled from.
 - ``check_batch`` (CI: does every generated kernel compile?) leaves an empty marker per (source, options, arch)
   under ``<cache_dir>/cuda/checked`` and never caches a cubin for the batch.
 """
@@ -179,6 +181,19 @@ def _compile(source: str, name: str, opts: list[str], key: str) -> bytes:
         nvrtc.nvrtcDestroyProgram(prog)
 
 
+_SOURCES: dict[bytes, str] = {}
+
+
+def _remember(cubin: bytes, source: str) -> bytes:
+    _SOURCES[hashlib.sha256(cubin).digest()] = source
+    return cubin
+
+
+def source_of(cubin: bytes) -> str | None:
+    """The source ``compile_cubin`` compiled ``cubin`` from in this process, or None."""
+    return _SOURCES.get(hashlib.sha256(bytes(cubin)).digest())
+
+
 def cache_path(source: str, arch: str) -> Path:
     """Where the cubin of ``source`` for ``arch`` is (or will be) cached."""
     _require()
@@ -192,12 +207,12 @@ def compile_cubin(source: str, name: str, arch: str) -> bytes:
     key = cache_key(source, opts)
     path = _cuda_cache() / f"{key}.cubin"
     try:
-        return path.read_bytes()
+        return _remember(path.read_bytes(), source)
     except OSError:
         pass
     cubin = _compile(source, name, opts, key)
     _write_atomic(path, cubin)
-    return cubin
+    return _remember(cubin, source)
 
 
 def _checked_marker(source: str, arch: str) -> Path:
@@ -268,4 +283,4 @@ def _kernel_name(source: str) -> str:
 
 
 __all__ = ["INSTALL_HINT", "available", "cache_path", "check_batch", "compile_cubin", "header_dir", "is_checked",
-           "normalize_arch", "nvrtc_version", "options"]
+           "normalize_arch", "nvrtc_version", "options", "source_of"]

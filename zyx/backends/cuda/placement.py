@@ -23,18 +23,18 @@ def relabel(state: StreamState, mapping: Sequence[int]) -> StreamState:
     )
 
 
-def place_window(commands: Sequence[StreamCommand], state: StreamState,
-                 n_streams: int) -> tuple[list[StreamPlacement], StreamState]:
+def place_window(commands: Sequence[StreamCommand], state: StreamState, n_streams: int,
+                 ignore: frozenset[str] = frozenset()) -> tuple[list[StreamPlacement], StreamState]:
     """``streams.assign_streams`` over streams relabelled so that the ones that ran the fewest commands so far come
     first: its per-window "least loaded, ties to the lowest index" choice then spreads independent work over all
     streams across windows too (a window of one command would otherwise always pick stream 0). Relabelling is a
     renaming, so every safety property of ``assign_streams`` holds unchanged."""
     order = sorted(range(n_streams), key=lambda s: (state.placed.get(s, 0), s))  # logical -> physical
     if order == list(range(n_streams)):
-        return assign_streams(commands, state, n_streams)
+        return assign_streams(commands, state, n_streams, ignore)
     to_logical = [0] * n_streams
     for logical, physical in enumerate(order):
         to_logical[physical] = logical
-    placements, logical_state = assign_streams(commands, relabel(state, to_logical), n_streams)
+    placements, logical_state = assign_streams(commands, relabel(state, to_logical), n_streams, ignore)
     physical = [StreamPlacement(order[p.stream], tuple(sorted(order[t] for t in p.waits))) for p in placements]
     return physical, relabel(logical_state, order)

@@ -15,6 +15,9 @@ Invariants of :func:`assign_streams`:
 * ``Placement.waits`` is sorted, distinct, never contains the command's own stream, and omits a stream whose
   relevant commands the chosen stream is already known to be ordered after (vector clocks in the state).
 * The input state is never mutated; an updated copy is returned.
+* ``ignore`` is a mutation switch for tests only: ``"raw"`` / ``"war"`` leave out read-after-write /
+  write-after-read requirements, which breaks the safety invariant on purpose (the emulator's stress tests must
+  then fail).
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ class StreamState:
         )
 
 
-def _requirements(cmd: Command, state: StreamState) -> dict[int, float]:
+def _requirements(cmd: Command, state: StreamState, ignore: frozenset[str] = frozenset()) -> dict[int, float]:
     """stream -> highest position on it that ``cmd`` must happen after (RAW, WAR, WAW).
 
     A position the state does not know (a hand-built state) is infinite: that stream is always waited on.
@@ -86,13 +89,13 @@ def _requirements(cmd: Command, state: StreamState) -> dict[int, float]:
     def add(stream: int, pos: float) -> None:
         need[stream] = max(need.get(stream, 0), pos)
 
-    for b in cmd.reads:  # read-after-write
+    for b in cmd.reads if "raw" not in ignore else ():  # read-after-write
         if b in state.last_writer:
             add(state.last_writer[b], state.last_write_at.get(b, math.inf))
     for b in cmd.writes:
         if b in state.last_writer:  # write-after-write
             add(state.last_writer[b], state.last_write_at.get(b, math.inf))
-        for r in state.readers_since_write.get(b, ()):  # write-after-read, every reader
+        for r in state.readers_since_write.get(b, ()) if "war" not in ignore else ():  # write-after-read
             add(r, state.last_read_at.get((b, r), math.inf))
     return need
 
@@ -104,7 +107,7 @@ def _covers(state: StreamState, t: int, pending: dict[int, float]) -> int:
 
 
 def assign_streams(
-    commands: Sequence[Command], state: StreamState, n_streams: int
+    commands: Sequence[Command], state: StreamState, n_streams: int, ignore: frozenset[str] = frozenset()
 ) -> tuple[list[Placement], StreamState]:
     """Place one window of ``commands`` on ``n_streams`` streams; return the placements and the new state."""
     if n_streams < 1:
@@ -123,7 +126,7 @@ def assign_streams(
             chosen = min(range(n_streams), key=lambda s: (load[s], s))
 
         clock = st.synced.setdefault(chosen, {})
-        pending = {t: p for t, p in _requirements(cmd, st).items() if t != chosen and clock.get(t, 0) < p}
+        pending = {t: p for t, p in _requirements(cmd, st, ignore).items() if t != chosen and clock.get(t, 0) < p}
         waits: list[int] = []
         while pending:
             # Greedy cover: wait on the stream whose tail settles the most outstanding requirements.

@@ -152,6 +152,10 @@ class WorkerConfig:
     idle_flush_s: float | None = 0.0005  # submit a partial window when no command came for this long (None: never)
     poll_s: float = 0.001  # how often finished windows and dead buffers are swept while work is in flight
     sync_each: bool = False  # drain after every command: an asynchronous error then names exactly one kernel
+    # mutation switches, for tests that prove the emulator catches broken ordering (never set them otherwise):
+    # "raw" / "war" drop read-after-write / write-after-read waits, "free" frees dead buffers at once instead of
+    # behind barrier events
+    unsafe: frozenset[str] = frozenset()
 
 
 _STOP = object()
@@ -512,7 +516,7 @@ class Worker:
             if debug_on("memory"):
                 log("memory", f"{self.name}: freed #{buffer} {buf.nbytes} B")
 
-        if not buf.streams:
+        if not buf.streams or "free" in self.config.unsafe:
             free()
             return
         self.dead.append(_Dead(self._barriers(buf.streams), free, buf.size))
@@ -610,7 +614,7 @@ class Worker:
             self._bury_doomed()
             return
         placements, self.state = place_window([StreamCommand(p.reads, p.writes, p.name) for p in cmds], self.state,
-                                              len(self.streams))
+                                              len(self.streams), self.config.unsafe)
         w = Window(next(self._seq))
         self.inflight.append(w)
         used: set[int] = set()

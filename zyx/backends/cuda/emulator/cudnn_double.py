@@ -1,0 +1,234 @@
+"""A TEST DOUBLE for cuDNN under the emulated driver: the cudnn-frontend calls zyx makes, executed by a reference
+matmul written here, not by cuDNN.
+
+Invariants:
+- The graph API is the subset ``zyx.backends.cuda.cudnn`` uses (``pygraph``, ``tensor``, ``matmul``, ``set_output``
+  / ``set_data_type`` / ``set_dim`` / ``set_stride``, ``validate`` ... ``build_plans``, ``get_workspace_size``,
+  ``execute``; ``create_handle``, ``set_stream``; ``data_type``, ``heur_mode``). When nvidia-cudnn-frontend is
+  installed, every description call is mirrored onto a real ``cudnn.pygraph`` (no handle), so the real frontend
+  still checks the graph as far as it can without a GPU.
+- ``validate`` checks what cuDNN would: A ``[B, M, K]``, B ``[B, K, N]``, C ``[B, M, N]`` with batch extents equal
+  or 1, positive strides, supported dtypes.
+- ``execute`` queues the matmul on the handle's emulated stream, so it is ordered with kernels exactly as cuDNN's
+  would be; it checks every operand range and the workspace against the emulated memory (a fault is an illegal
+  address), reads the operands with their strides and dtypes, multiplies in the compute type (float32), rounds to
+  the output dtype and writes C with its strides. It is a reference, not cuDNN: speed and cuDNN's own rounding
+  order are not emulated.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import itertools
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from zyx.backends.cuda.emulator.streams import StreamFault
+from zyx.utils import log
+
+NOTE = "cuDNN: reference double"
+WORKSPACE_BYTES = 64 << 10
+
+
+class data_type(enum.Enum):  # noqa: N801 - the frontend's name
+    FLOAT = "float32"
+    HALF = "float16"
+    BFLOAT16 = "bfloat16"
+    DOUBLE = "float64"
+
+
+class heur_mode(enum.Enum):  # noqa: N801 - the frontend's name
+    A = "A"
+    B = "B"
+    FALLBACK = "FALLBACK"
+
+
+_NUMPY = {data_type.FLOAT: np.dtype(np.float32), data_type.HALF: np.dtype(np.float16),
+          data_type.BFLOAT16: np.dtype(ml_dtypes.bfloat16), data_type.DOUBLE: np.dtype(np.float64)}
+
+
+class GraphError(Exception):
+    """What cuDNN would refuse at validate()."""
+
+
+class Handle:
+    def __init__(self) -> None:
+        self.stream: int | None = None
+
+
+class Tensor:
+    def __init__(self, graph: Graph, uid: int, name: str, dim: list[int] | None, stride: list[int] | None,
+                 dtype: data_type | None, real: Any = None) -> None:
+        self.graph, self.uid, self.name = graph, uid, name
+        self.dim, self.stride, self.dtype = dim, stride, dtype
+        self.output = False
+        self.real = real
+
+    def get_uid(self) -> int:
+        return self.uid
+
+    def _mirror(self, method: str, *args: Any) -> None:
+        if self.real is not None:
+            getattr(self.real, method)(*args)
+
+    def set_output(self, flag: bool) -> Tensor:
+        self.output = bool(flag)
+        self._mirror("set_output", flag)
+        return self
+
+    def set_data_type(self, dtype: data_type) -> Tensor:
+        self.dtype = dtype
+        self._mirror("set_data_type", self.graph.real_type(dtype))
+        return self
+
+    def set_dim(self, dim: list[int]) -> Tensor:
+        self.dim = list(dim)
+        self._mirror("set_dim", list(dim))
+        return self
+
+    def set_stride(self, stride: list[int]) -> Tensor:
+        self.stride = list(stride)
+        self._mirror("set_stride", list(stride))
+        return self
+
+
+class Graph:
+    """A ``cudnn.pygraph`` of one matmul, bound to the emulated machine that executes it."""
+
+    def __init__(self, emulator: Any, name: str = "", io_data_type: data_type = data_type.FLOAT,
+                 intermediate_data_type: data_type = data_type.FLOAT, compute_data_type: data_type = data_type.FLOAT,
+                 handle: Handle | None = None) -> None:
+        self.emulator = emulator
+        self.name = name
+        self.io = io_data_type
+        self.compute = compute_data_type
+        self._uids = itertools.count(1)
+        self.tensors: list[Tensor] = []
+        self.op: tuple[Tensor, Tensor, Tensor] | None = None
+        self.validated = False
+        try:
+            import cudnn as real  # the real frontend checks the description when it is installed
+        except ImportError:
+            real = None
+        self._real_module = real
+        self.real = None
+        if real is not None:
+            self.real = real.pygraph(name=name, io_data_type=self.real_type(io_data_type),
+                                     intermediate_data_type=self.real_type(intermediate_data_type),
+                                     compute_data_type=self.real_type(compute_data_type))
+
+    def real_type(self, dt: data_type) -> Any:
+        return getattr(self._real_module.data_type, dt.name) if self._real_module is not None else None
+
+    def tensor(self, name: str, dim: list[int], stride: list[int], data_type: data_type) -> Tensor:
+        real = None
+        if self.real is not None:
+            real = self.real.tensor(name=name, dim=list(dim), stride=list(stride), data_type=self.real_type(data_type))
+        t = Tensor(self, next(self._uids), name, list(dim), list(stride), data_type, real)
+        self.tensors.append(t)
+        return t
+
+    def matmul(self, a: Tensor, b: Tensor, compute_data_type: data_type = data_type.FLOAT, name: str = "") -> Tensor:
+        real = None
+        if self.real is not None:
+            real = self.real.matmul(a.real, b.real, compute_data_type=self.real_type(compute_data_type), name=name)
+        c = Tensor(self, next(self._uids), name, None, None, self.io, real)
+        self.tensors.append(c)
+        self.op = (a, b, c)
+        self.compute = compute_data_type
+        return c
+
+    # ---- the build steps -------------------------------------------------------------------------------------------
+    def validate(self) -> None:
+        if self.op is None:
+            raise GraphError(f"{self.name}: the graph has no operation")
+        a, b, c = self.op
+        for t in (a, b, c):
+            if t.dim is None or t.stride is None or len(t.dim) != 3 or len(t.stride) != 3:
+                raise GraphError(f"{self.name}: tensor {t.name} needs 3 dims and 3 strides, got {t.dim} / {t.stride}")
+            if any(d < 1 for d in t.dim) or any(s < 0 for s in t.stride):
+                raise GraphError(f"{self.name}: tensor {t.name} has dims {t.dim}, strides {t.stride}")
+            if t.dtype not in _NUMPY:
+                raise GraphError(f"{self.name}: tensor {t.name} has unsupported dtype {t.dtype}")
+        (ba, m, k), (bb, k2, n), (bc, m2, n2) = a.dim, b.dim, c.dim
+        if k != k2 or m != m2 or n != n2:
+            raise GraphError(f"{self.name}: matmul dims {a.dim} x {b.dim} -> {c.dim} do not agree")
+        if any(x not in (1, bc) for x in (ba, bb)):
+            raise GraphError(f"{self.name}: batch extents {ba}, {bb} do not broadcast to {bc}")
+        if not c.output:
+            raise GraphError(f"{self.name}: the matmul result is not marked as an output")
+        self.validated = True
+
+    def build_operation_graph(self) -> None:
+        if not self.validated:
+            raise GraphError(f"{self.name}: build_operation_graph before validate")
+
+    def create_execution_plans(self, modes: list[heur_mode]) -> None:
+        pass
+
+    def check_support(self) -> None:
+        pass
+
+    def build_plans(self) -> None:
+        pass
+
+    def get_workspace_size(self) -> int:
+        return WORKSPACE_BYTES
+
+    def execute(self, pack: dict[int, int], workspace: int, handle: Handle | None = None) -> None:
+        if not self.validated or self.op is None:
+            raise GraphError(f"{self.name}: execute before the plan was built")
+        if handle is None or handle.stream is None:
+            raise GraphError(f"{self.name}: execute needs a handle bound to a stream")
+        a, b, c = self.op
+        ptrs = {t.uid: int(pack[t.uid]) for t in (a, b, c)}
+        emulator = self.emulator
+        stream = emulator.stream_object(handle.stream)
+        mem = emulator.memory
+        name = self.name
+        compute = _NUMPY[self.compute]
+
+        def view(t: Tensor, writable: bool = False) -> np.ndarray:
+            dt = _NUMPY[t.dtype]
+            extent = (sum((d - 1) * s for d, s in zip(t.dim, t.stride)) + 1) * dt.itemsize
+            bad = mem.check(ptrs[t.uid], extent, "device")
+            if bad is not None:
+                raise StreamFault("CUDA_ERROR_ILLEGAL_ADDRESS", f"cuDNN double {name!r}: tensor {t.name}: {bad}")
+            raw = np.ctypeslib.as_array((ctypes.c_uint8 * extent).from_address(ptrs[t.uid])).view(dt)
+            return np.lib.stride_tricks.as_strided(raw, t.dim, [s * dt.itemsize for s in t.stride],
+                                                   writeable=writable)
+
+        def run() -> None:
+            bad = mem.check(int(workspace), WORKSPACE_BYTES, "device") if workspace else "no workspace given"
+            if bad is not None:
+                raise StreamFault("CUDA_ERROR_ILLEGAL_ADDRESS", f"cuDNN double {name!r}: workspace: {bad}")
+            ctypes.memset(int(workspace), 0x5A, WORKSPACE_BYTES)  # scribble over the scratch area, as cuDNN may
+            out = view(c, writable=True)
+            out[...] = np.matmul(view(a).astype(compute), view(b).astype(compute)).astype(out.dtype)
+
+        stream.submit(run)
+
+
+class ReferenceCudnn:
+    """The module object standing in for ``cudnn`` (attribute access as on the real module)."""
+
+    NOTE = NOTE
+    data_type = data_type
+    heur_mode = heur_mode
+
+    def __init__(self, emulator: Any) -> None:
+        self.emulator = emulator
+
+    def pygraph(self, **kwargs: Any) -> Graph:
+        return Graph(self.emulator, **kwargs)
+
+    def create_handle(self) -> Handle:
+        log("dev", "cuda emulator: cuDNN handle from the reference double (no cuDNN runs)")
+        return Handle()
+
+    def set_stream(self, handle: Handle, stream: int) -> None:
+        self.emulator.stream_object(int(stream))  # an unknown stream is an error, as in cuDNN
+        handle.stream = int(stream)

@@ -1,0 +1,141 @@
+"""Streams and events of the emulated GPU: every stream is a thread running its queue in order.
+
+Invariants:
+- A stream runs its operations one at a time in submission order and honours event waits and nothing else: two
+  operations on different streams are unordered unless a wait orders them. Before every operation the stream
+  sleeps a random delay drawn from its own seeded generator, so unordered pairs really race (and a seed
+  reproduces a schedule's timing distribution, not its interleaving).
+- ``cuEventRecord`` makes a fresh ``Marker`` the event's latest and queues it; ``cuStreamWaitEvent`` binds the
+  event's latest marker *at the call* (a later record does not change what the stream waits for); an event never
+  recorded is complete. Markers always complete, even after a fault (the queue is then skipped, not stopped), so
+  nothing waits forever on a broken context.
+- A fault in an operation becomes the context's sticky error (the first one wins); from then on every stream
+  skips its remaining work and every driver call of that context returns the error.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+class Marker:
+    """One record of an event: set when the stream reached it (``at``: ``perf_counter_ns`` then)."""
+
+    __slots__ = ("_done", "at")
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self.at = 0
+
+    def complete(self) -> None:
+        self.at = time.perf_counter_ns()
+        self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self) -> None:
+        self._done.wait()
+
+
+@dataclass
+class Event:
+    timing: bool
+    latest: Marker | None = None
+
+
+@dataclass
+class Sticky:
+    """The first fault of a context: a ``CUresult`` name and what happened."""
+
+    name: str
+    detail: str
+
+
+@dataclass
+class Context:
+    device: int
+    sticky: Sticky | None = None
+    peers: set[int] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def fail(self, name: str, detail: str) -> None:
+        with self.lock:
+            if self.sticky is None:
+                self.sticky = Sticky(name, detail)
+
+
+class StreamFault(Exception):
+    """Raised by an operation: ``name`` is the CUresult its fault makes sticky."""
+
+    def __init__(self, name: str, detail: str) -> None:
+        super().__init__(detail)
+        self.name = name
+        self.detail = detail
+
+
+_STOP = object()
+
+
+class Stream:
+    """A queue of operations run by one thread; ``delay_s`` bounds the random pause before each operation."""
+
+    def __init__(self, ctx: Context, name: str, seed: int, delay_s: float,
+                 on_fault: Callable[[Context, StreamFault], None]) -> None:
+        self.ctx = ctx
+        self.name = name
+        self.delay_s = delay_s
+        self._rng = random.Random(seed)
+        self._queue: deque = deque()
+        self._cv = threading.Condition()
+        self._on_fault = on_fault
+        self._thread = threading.Thread(target=self._run, name=f"zyx-emu-{name}", daemon=True)
+        self._thread.start()
+
+    def submit(self, op: Callable[[], None]) -> None:
+        with self._cv:
+            self._queue.append(op)
+            self._cv.notify()
+
+    def mark(self) -> Marker:
+        """Queue a new marker and return it."""
+        m = Marker()
+        self.submit(m.complete)
+        return m
+
+    def wait_for(self, marker: Marker) -> None:
+        """Queue a wait: later operations of this stream run after ``marker`` completed."""
+        self.submit(marker.wait)
+
+    def synchronize(self) -> None:
+        self.mark().wait()
+
+    def stop(self) -> None:
+        self.submit(_STOP)
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue:
+                    self._cv.wait()
+                op = self._queue.popleft()
+            if op is _STOP:
+                return
+            if self.delay_s > 0:
+                time.sleep(self._rng.random() * self.delay_s)
+            is_sync = getattr(op, "__self__", None) is not None and isinstance(op.__self__, Marker)
+            if self.ctx.sticky is not None and not is_sync:
+                continue  # a faulted context runs nothing, but its markers still complete
+            try:
+                op()
+            except StreamFault as f:
+                self._on_fault(self.ctx, f)
+            except Exception as e:  # noqa: BLE001 - a bug in the emulator itself: a launch failure, not a hang
+                self._on_fault(self.ctx, StreamFault("CUDA_ERROR_LAUNCH_FAILED",
+                                                     f"emulator error in {self.name}: {type(e).__name__}: {e}"))
