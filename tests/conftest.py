@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -12,13 +13,13 @@ from zyx.backends.registry import registry
 
 
 def _use_the_cuda_emulator() -> None:
-    """Without a GPU, the op-parity tests run on ``cuda:0`` under the emulated driver (``ZYX_CUDA_EMULATE=0``
-    turns that off; a machine with a GPU tests the GPU). Tests that do not take a ``device`` keep running on the
+    """Without a GPU, the op-parity tests run on ``cuda:0`` under the emulated driver when NVRTC and g++ are there
+    (``ZYX_CUDA_EMULATE=0`` turns that off; a machine with a GPU tests the GPU). Tests that do not take a ``device`` keep running on the
     host, the default device they were written for."""
     if "ZYX_CUDA_EMULATE" not in os.environ:
         from zyx.backends.cuda import driver, nvrtc
 
-        if driver.unavailable_reason() is not None and nvrtc.available() is None:
+        if driver.unavailable_reason() is not None and nvrtc.available() is None and shutil.which("g++"):
             os.environ["ZYX_CUDA_EMULATE"] = "1"
     if os.environ.get("ZYX_CUDA_EMULATE") == "1":
         os.environ.setdefault("ZYX_DEFAULT_DEVICE", "host")

@@ -1,25 +1,20 @@
 """CUDA code generation without a GPU: launch geometry (``zyx.kernel.gpu``), the CUDA C renderer, NVRTC, and
 the generated kernels' results under a CPU emulation of CUDA.
 
-The emulation compiles the rendered CUDA C as C++ (g++) next to a small runtime: every CUDA thread of a block is
-a fiber (ucontext); ``__syncthreads`` and each warp shuffle are barriers over the threads concerned (a waiting
-fiber yields to the next, a round without progress is reported as a deadlock); ``__shared__`` arrays are
-static (the blocks of a launch run one after the other); the grid is clamped to a few blocks so that
-grid-stride loops wrap. It checks geometry, indexing, cooperative reductions, NaN handling and the portable
-16-bit conversions (``__CUDA_ARCH__`` is undefined there) against NumPy and the host renderer; it cannot check
-CUDA's math library, the inline PTX conversions, or speed, which need a GPU.
+The emulation is the emulated driver's CPU runtime (``zyx.backends.cuda.emulator.kernels``): the rendered CUDA C
+compiled as C++ (g++), every CUDA thread of a block a fiber, ``__syncthreads`` and warp shuffles barriers; here
+the grid is clamped to a few blocks so that grid-stride loops wrap. It checks geometry, indexing, cooperative
+reductions, NaN handling and the portable 16-bit conversions (``__CUDA_ARCH__`` is undefined there) against NumPy
+and the host renderer; it cannot check CUDA's math library, the inline PTX conversions, or speed, which need a GPU.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import math
-import os
 import re
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +28,9 @@ import zyx
 from zyx import dtypes, utils
 from zyx.backends.base import BackendError, ErrorStatus
 from zyx.backends.cuda import nvrtc
-from zyx.backends.host.compiler import CCompiler, cache_dir
+from zyx.backends.cuda.args import ArgPack, scalar_format
+from zyx.backends.cuda.emulator import kernels as emu_kernels
+from zyx.backends.host.compiler import CCompiler
 from zyx.backends.registry import registry
 from zyx.graph import schedule
 from zyx.kernel import gpu, ir, opt
@@ -372,87 +369,16 @@ def test_check_batch_names_the_failing_kernel():
 # ---------------------------------------------------------------------------------------------------------------
 # CPU emulation of the generated CUDA C
 
-EMU_RUNTIME = r"""
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <ucontext.h>
-struct dim3 { unsigned int x, y, z; };
-static dim3 threadIdx, blockIdx, blockDim, gridDim;
-namespace zyx_emu {
-struct Barrier { int n, count; long gen; };
-static ucontext_t sched, *fibers;
-static char* done;
-static int cur;
-static unsigned long progress;
-static Barrier block_bar, warp_bar[32];
-static unsigned long long slots[1024];
-static void (*body)(void*);
-static void* body_arg;
-static void wait(Barrier* b) {
-  long g = b->gen;
-  progress++;
-  if (++b->count == b->n) { b->count = 0; b->gen++; return; }
-  while (b->gen == g) swapcontext(&fibers[cur], &sched);
-}
-static void entry() { body(body_arg); done[cur] = 1; progress++; }
-template <class F> static void tramp(void* p) { (*(F*)p)(); }
-}
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __launch_bounds__(n)
-#define __shared__ static
-static inline void __syncthreads() { zyx_emu::wait(&zyx_emu::block_bar); }
-template <class T> static T __shfl_xor_sync(unsigned int mask, T v, int offset) {
-  using namespace zyx_emu;
-  static_assert(sizeof(T) <= 8, "shuffle of a wide type");
-  if (mask != 0xffffffffu) { fprintf(stderr, "cuda emulator: partial shuffle mask\n"); abort(); }
-  int w = cur / 32;
-  unsigned long long bits = 0; memcpy(&bits, &v, sizeof(T));
-  slots[cur] = bits;
-  wait(&warp_bar[w]);
-  bits = slots[w * 32 + ((cur % 32) ^ offset)];
-  wait(&warp_bar[w]);
-  T r; memcpy(&r, &bits, sizeof(T)); return r;
-}
-template <class F> static void zyx_emu_run(unsigned grid, unsigned bx, unsigned by, F fn) {
-  using namespace zyx_emu;
-  const size_t stack = 1 << 16;
-  int nt = (int)(bx * by);
-  gridDim.x = grid; gridDim.y = gridDim.z = 1; blockDim.x = bx; blockDim.y = by; blockDim.z = 1;
-  body = &tramp<F>; body_arg = &fn;
-  fibers = (ucontext_t*)calloc(nt, sizeof(ucontext_t));
-  char* stacks = (char*)malloc(stack * nt);
-  done = (char*)malloc(nt);
-  for (unsigned b = 0; b < grid; b++) {
-    blockIdx.x = b; blockIdx.y = blockIdx.z = 0;
-    block_bar = Barrier{nt, 0, 0};
-    for (int w = 0; w < (nt + 31) / 32; w++) warp_bar[w] = Barrier{nt - 32 * w < 32 ? nt - 32 * w : 32, 0, 0};
-    for (int t = 0; t < nt; t++) {
-      getcontext(&fibers[t]);
-      fibers[t].uc_stack.ss_sp = stacks + stack * t; fibers[t].uc_stack.ss_size = stack;
-      fibers[t].uc_link = &sched;
-      makecontext(&fibers[t], entry, 0);
-      done[t] = 0;
-    }
-    for (int live = nt; live > 0;) {
-      unsigned long before = progress;
-      live = 0;
-      for (int t = 0; t < nt; t++) {
-        if (done[t]) continue;
-        cur = t; threadIdx.x = t % bx; threadIdx.y = t / bx; threadIdx.z = 0;
-        swapcontext(&sched, &fibers[t]);
-        live += !done[t];
-      }
-      if (live > 0 && progress == before) {
-        fprintf(stderr, "cuda emulator: deadlock (divergent __syncthreads or shuffle)\n"); abort(); }
-    }
-  }
-  free(fibers); free(stacks); free(done);
-}
-"""
+def emu_run(cs: CudaSource, kernel: Kernel, values: list, address: Callable[[object], int]) -> None:
+    """Run a rendered kernel with the emulated driver's CPU runtime, on a clamped grid (grid-stride loops wrap)."""
+    fn = emu_kernels.compile_module(cs.source).functions[cs.name]
+    formats = [scalar_format(p.dtype.name, ct) if p.kind == "var" else None
+               for p, ct in zip(kernel.params, cs.param_types)]
+    pack = ArgPack(len(formats)).fill(formats, [v if f is not None else address(v) for v, f in zip(values, formats)])
+    fault = fn.run([pack.slot(i)[:n] for i, n in enumerate(fn.param_sizes)], (min(cs.grid[0], EMU_GRID), 1, 1),
+                   cs.block)
+    assert fault is None, f"{cs.name}: {fault}"
+
 
 _CTYPES = {"bool": ctypes.c_bool, "int8": ctypes.c_int8, "uint8": ctypes.c_uint8, "int16": ctypes.c_int16,
            "uint16": ctypes.c_uint16, "int32": ctypes.c_int32, "uint32": ctypes.c_uint32, "int64": ctypes.c_int64,
@@ -460,46 +386,8 @@ _CTYPES = {"bool": ctypes.c_bool, "int8": ctypes.c_int8, "uint8": ctypes.c_uint8
            "float16": ctypes.c_float, "bfloat16": ctypes.c_float}
 
 
-def _emu_arg(i: int, c_type: str) -> str:
-    t = c_type.replace("__restrict__", "").strip()
-    return f"({t})args[{i}]" if t.endswith("*") else f"*({t.replace('const ', '')}*)args[{i}]"
-
-
-def _emu_unit(i: int, cs: CudaSource) -> str:
-    args = ", ".join(_emu_arg(j, t) for j, t in enumerate(cs.param_types))
-    body = cs.source.replace('extern "C" ', "")
-    return (f"namespace zk{i} {{\n{body}}}\n"
-            f'extern "C" void zyx_emu_launch_{i}(void** args, unsigned grid) {{\n'
-            f"  zyx_emu_run(grid, {cs.block[0]}, {cs.block[1]}, [&] {{ zk{i}::{cs.name}({args}); }});\n}}\n")
-
-
-def emu_build(sources: list[CudaSource]) -> list[Callable]:
-    """Compile rendered kernels for the emulator (one shared library, cached on disk); one launcher each."""
-    src = EMU_RUNTIME + "".join(_emu_unit(i, cs) for i, cs in enumerate(sources))
-    d = cache_dir() / "cuda_emulator"
-    so = d / f"{hashlib.sha256(src.encode()).hexdigest()[:32]}.so"
-    if not so.exists():
-        d.mkdir(parents=True, exist_ok=True)
-        cpp = d / f"{so.stem}.cpp"
-        cpp.write_text(src)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=d)
-        os.close(fd)
-        r = subprocess.run(["g++", "-std=c++17", "-O1", "-shared", "-fPIC", "-w", str(cpp), "-o", tmp],
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            os.unlink(tmp)
-            raise AssertionError(f"g++ rejected the emulated CUDA source {cpp}:\n{r.stderr[:4000]}")
-        os.replace(tmp, so)
-    lib = ctypes.CDLL(str(so))
-    fns = []
-    for i in range(len(sources)):
-        fn = getattr(lib, f"zyx_emu_launch_{i}")
-        fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_uint], None
-        fns.append(fn)
-    return fns
-
-
-def _pack(kernel: Kernel, values: list, address: Callable[[object], int]):
+def _host_args(kernel: Kernel, values: list):
+    """The ``void*[]`` a host kernel takes (pointers to scalars, buffer addresses) and what keeps it alive."""
     addrs, keep = [], []
     for v, p in zip(values, kernel.params):
         if p.kind == "var":
@@ -507,7 +395,7 @@ def _pack(kernel: Kernel, values: list, address: Callable[[object], int]):
             keep.append(c)
             addrs.append(ctypes.addressof(c))
         else:
-            addrs.append(address(v))
+            addrs.append(v.ctypes.data)
     return (ctypes.c_void_p * len(addrs))(*addrs), keep
 
 
@@ -520,17 +408,15 @@ def run_ir(kernel: Kernel, inputs: dict[int, object], target: str) -> dict[int, 
         else:
             bufs[i] = inputs[i]
     values = [bufs[i] for i in range(len(kernel.params))]
-    arr, _keep = _pack(kernel, values, lambda a: a.ctypes.data)
     if target == "host":
         host = registry().get("host").primary
         lib = CCompiler().compile(CRenderer().render(opt.optimize(kernel, host.info())), kernel.name)
         fn = getattr(lib, kernel.name)
         fn.argtypes, fn.restype = [ctypes.c_void_p], None
+        arr, _keep = _host_args(kernel, values)
         fn(arr)
     else:
-        cs = render_cuda(kernel, INFO)
-        (fn,) = emu_build([cs])
-        fn(arr, min(cs.grid[0], EMU_GRID))
+        emu_run(render_cuda(kernel, INFO), kernel, values, lambda a: a.ctypes.data)
     return {i: b for i, b in bufs.items() if kernel.params[i].kind == "out"}
 
 
@@ -538,25 +424,18 @@ def run_ir(kernel: Kernel, inputs: dict[int, object], target: str) -> dict[int, 
 def emulated(monkeypatch):
     """Route the host device's generated kernels through render_cuda and the emulator."""
     dev = registry().get("host").primary
-    programs: dict[int, list] = {}
-    pending: list[int] = []
+    programs: dict[int, tuple] = {}
 
     def compile_(kernel: Kernel) -> int:
         if utils.KERNEL_LOG is not None:
             utils.KERNEL_LOG.append(kernel)
         pid = len(programs) + 1
-        programs[pid] = [render_cuda(kernel, INFO), kernel, None]
-        pending.append(pid)
+        programs[pid] = (render_cuda(kernel, INFO), kernel)
         return pid
 
     def launch(pid: int, args) -> None:
-        if programs[pid][2] is None:
-            for p, fn in zip(pending, emu_build([programs[p][0] for p in pending])):
-                programs[p][2] = fn
-            pending.clear()
-        cs, kernel, fn = programs[pid]
-        arr, _keep = _pack(kernel, list(args), dev.pool().address)
-        fn(arr, min(cs.grid[0], EMU_GRID))
+        cs, kernel = programs[pid]
+        emu_run(cs, kernel, list(args), dev.pool().address)
 
     monkeypatch.setattr(dev, "compile", compile_)
     monkeypatch.setattr(dev, "launch", launch)

@@ -2,9 +2,10 @@
 
 Invariants:
 - A stream runs its operations one at a time in submission order and honours event waits and nothing else: two
-  operations on different streams are unordered unless a wait orders them. Before every operation the stream
-  sleeps a random delay drawn from its own seeded generator, so unordered pairs really race (and a seed
-  reproduces a schedule's timing distribution, not its interleaving).
+  operations on different streams are unordered unless a wait orders them. Before every piece of work (kernel,
+  copy, allocation, free, library call) the stream sleeps a random delay drawn from its own seeded generator, so
+  unordered pairs really race (a seed reproduces a schedule's timing distribution, not its interleaving).
+  Markers and waits take no delay, and a marker queued on an idle stream is complete at once.
 - ``cuEventRecord`` makes a fresh ``Marker`` the event's latest and queues it; ``cuStreamWaitEvent`` binds the
   event's latest marker *at the call* (a later record does not change what the stream waits for); an event never
   recorded is complete. Markers always complete, even after a fault (the queue is then skipped, not stopped), so
@@ -92,31 +93,39 @@ class Stream:
         self.delay_s = delay_s
         self._rng = random.Random(seed)
         self._queue: deque = deque()
+        self._unfinished = 0  # queued or running operations
         self._cv = threading.Condition()
         self._on_fault = on_fault
         self._thread = threading.Thread(target=self._run, name=f"zyx-emu-{name}", daemon=True)
         self._thread.start()
 
-    def submit(self, op: Callable[[], None]) -> None:
+    def submit(self, op: Callable[[], None], work: bool = True) -> None:
+        """Queue ``op``; ``work`` operations get the random delay and are skipped once the context faulted."""
         with self._cv:
-            self._queue.append(op)
+            self._queue.append((op, work))
+            self._unfinished += 1
             self._cv.notify()
 
     def mark(self) -> Marker:
-        """Queue a new marker and return it."""
+        """Queue a new marker and return it (complete already when nothing is queued or running)."""
         m = Marker()
-        self.submit(m.complete)
+        with self._cv:
+            if self._unfinished == 0:
+                m.complete()
+                return m
+        self.submit(m.complete, work=False)
         return m
 
     def wait_for(self, marker: Marker) -> None:
         """Queue a wait: later operations of this stream run after ``marker`` completed."""
-        self.submit(marker.wait)
+        if not marker.done():
+            self.submit(marker.wait, work=False)
 
     def synchronize(self) -> None:
         self.mark().wait()
 
     def stop(self) -> None:
-        self.submit(_STOP)
+        self.submit(_STOP, work=False)
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
@@ -124,18 +133,21 @@ class Stream:
             with self._cv:
                 while not self._queue:
                     self._cv.wait()
-                op = self._queue.popleft()
+                op, work = self._queue.popleft()
             if op is _STOP:
                 return
-            if self.delay_s > 0:
-                time.sleep(self._rng.random() * self.delay_s)
-            is_sync = getattr(op, "__self__", None) is not None and isinstance(op.__self__, Marker)
-            if self.ctx.sticky is not None and not is_sync:
-                continue  # a faulted context runs nothing, but its markers still complete
             try:
-                op()
+                if work and self.ctx.sticky is None:  # a faulted context runs nothing; markers still complete
+                    if self.delay_s > 0:
+                        time.sleep(self._rng.random() * self.delay_s)
+                    op()
+                elif not work:
+                    op()
             except StreamFault as f:
                 self._on_fault(self.ctx, f)
             except Exception as e:  # noqa: BLE001 - a bug in the emulator itself: a launch failure, not a hang
                 self._on_fault(self.ctx, StreamFault("CUDA_ERROR_LAUNCH_FAILED",
                                                      f"emulator error in {self.name}: {type(e).__name__}: {e}"))
+            finally:
+                with self._cv:
+                    self._unfinished -= 1
