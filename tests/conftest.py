@@ -14,8 +14,8 @@ from zyx.backends.registry import registry
 
 def _use_the_cuda_emulator() -> None:
     """Without a GPU, the op-parity tests run on ``cuda:0`` under the emulated driver when NVRTC and g++ are there
-    (``ZYX_CUDA_EMULATE=0`` turns that off; a machine with a GPU tests the GPU). Tests that do not take a ``device`` keep running on the
-    host, the default device they were written for."""
+    (``ZYX_CUDA_EMULATE=0`` turns that off; a machine with a GPU tests the GPU). Tests that do not take a
+    ``device`` keep running on the host, the default device they were written for."""
     if "ZYX_CUDA_EMULATE" not in os.environ:
         from zyx.backends.cuda import driver, nvrtc
 

@@ -169,6 +169,15 @@ def test_out_of_bounds_kernel_is_named_at_the_next_sync_and_the_host_keeps_worki
     np.testing.assert_array_equal((x * 2).numpy(), np.arange(6, dtype=np.float32) * 2)
 
 
+def bare_driver() -> tuple[EmulatedDriver, Driver]:
+    """An emulated GPU without delays under zyx's ``Driver``, its primary context current on this thread."""
+    emu = EmulatedDriver(EmulatorConfig(delay_us=0))
+    drv = Driver(emu)
+    drv.init()
+    drv.set_current(drv.primary_context(0))
+    return emu, drv
+
+
 def _gate(emu: EmulatedDriver, stream: int) -> threading.Event:
     """Hold ``stream`` of the emulator until the returned event is set (a test hook on its queue)."""
     gate = threading.Event()
@@ -177,10 +186,7 @@ def _gate(emu: EmulatedDriver, stream: int) -> threading.Event:
 
 
 def test_stream_ordered_allocation_used_elsewhere_without_an_event_is_an_illegal_address():
-    emu = EmulatedDriver(EmulatorConfig(delay_us=0))
-    drv = Driver(emu)
-    drv.init()
-    drv.set_current(drv.primary_context(0))
+    emu, drv = bare_driver()
     alloc, user = drv.stream_create(), drv.stream_create()
     gate = _gate(emu, alloc)
     ptr = drv.mem_alloc_async(1024, alloc)
@@ -213,10 +219,7 @@ def test_worker_orders_first_use_after_the_allocation_stream(machine, monkeypatc
 
 
 def test_event_wait_binds_the_record_at_the_call():
-    emu = EmulatedDriver(EmulatorConfig(delay_us=0))
-    drv = Driver(emu)
-    drv.init()
-    drv.set_current(drv.primary_context(0))
+    emu, drv = bare_driver()
     a, b = drv.stream_create(), drv.stream_create()
     ev = drv.event_create()
     gate = _gate(emu, a)
@@ -250,3 +253,43 @@ def test_python_m_zyx_says_the_gpu_is_emulated(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "cuda  ok (emulated: H200, sm_90; cuDNN: reference double): cuda:0" in out.stdout, out.stdout
     assert "default device: cuda:0" in out.stdout
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the cuDNN test double
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_matmuls_on_emulated_cuda_run_through_the_cudnn_double(dtype):
+    import ml_dtypes
+
+    if "cuda:0" not in zyx.registry().placements():
+        pytest.skip("the emulated GPU is off (ZYX_CUDA_EMULATE=0)")
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((2, 128, 96)).astype(np.float32)  # big enough for the cost model to pick cuDNN
+    b = rng.standard_normal((2, 160, 96)).astype(np.float32)  # used transposed: strides, not a copy
+    x = zyx.Tensor(a, device="cuda").cast(dtype)
+    y = zyx.Tensor(b, device="cuda").cast(dtype)
+    z = x @ y.transpose(-1, -2)
+    kinds = [launch.kind for launch in zyx.debug.schedule(z)]
+    assert "library" in kinds, kinds
+    np_dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    want = np.matmul(a.astype(np_dt).astype(np.float32), b.astype(np_dt).astype(np.float32).transpose(0, 2, 1))
+    tol = {"float32": 1e-5, "float16": 4e-3, "bfloat16": 3e-2}[dtype]
+    np.testing.assert_allclose(z.numpy().astype(np.float32), want, rtol=tol, atol=tol * 8)
+
+
+def test_cudnn_double_validates_like_cudnn_and_checks_its_operands():
+    from zyx.backends.cuda.emulator.cudnn_double import GraphError
+
+    emu = EmulatedDriver(EmulatorConfig(delay_us=0))
+    dnn = emu.cudnn_frontend()
+    dt = dnn.data_type
+    g = dnn.pygraph(name="bad", io_data_type=dt.FLOAT, intermediate_data_type=dt.FLOAT, compute_data_type=dt.FLOAT)
+    a = g.tensor(name="A", dim=[1, 4, 8], stride=[32, 8, 1], data_type=dt.FLOAT)
+    b = g.tensor(name="B", dim=[1, 6, 2], stride=[12, 2, 1], data_type=dt.FLOAT)  # K = 6 != 8
+    c = g.matmul(a, b, compute_data_type=dt.FLOAT, name="mm")
+    c.set_output(True).set_data_type(dt.FLOAT).set_dim([1, 4, 2]).set_stride([8, 2, 1])
+    with pytest.raises(GraphError, match="do not agree"):
+        g.validate()
+    emu.shutdown()

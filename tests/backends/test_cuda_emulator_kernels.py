@@ -1,5 +1,6 @@
 """CUDA C kernels on the CPU (``zyx.backends.cuda.emulator.kernels``): geometry, barriers and warp collectives,
-parameter passing, concurrency, faults, compile errors, and zyx-rendered kernels checked against NumPy."""
+parameter passing, concurrency, faults, compile errors. zyx-rendered kernels run on it in the op-parity tests on
+the emulated ``cuda:0`` and in ``tests/kernel/test_cuda_codegen.py``."""
 
 from __future__ import annotations
 
@@ -18,21 +19,13 @@ import pytest
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA emulator needs g++")
 
-import zyx  # noqa: E402
-from zyx import dtypes  # noqa: E402
 from zyx.backends.cuda.emulator.kernels import (  # noqa: E402
     EmulatedModule,
     EmulatorCompileError,
     Fault,
     compile_module,
 )
-from zyx.backends.registry import registry  # noqa: E402
-from zyx.graph import schedule  # noqa: E402
-from zyx.kernel import gpu, ir  # noqa: E402
-from zyx.kernel.ir import Kernel, Ops, Param, Store  # noqa: E402
-from zyx.kernel.render_cuda import CudaSource, render_cuda  # noqa: E402
 
-INFO = gpu.reference_info()
 PAGE = mmap.PAGESIZE
 
 
@@ -476,111 +469,3 @@ def test_a_fault_outside_kernels_still_reaches_faulthandler(tmp_path):
                        timeout=120, env=env)
     assert "kernels ok" in r.stdout, r.stderr
     assert r.returncode != 0 and "Segmentation fault" in r.stderr, (r.returncode, r.stderr)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# kernels rendered by zyx, run with their real launch geometry
-
-f32 = dtypes.float32
-_FMT = {"bool": "?", "signed char": "b", "unsigned char": "B", "short": "h", "unsigned short": "H", "int": "i",
-        "unsigned int": "I", "long long": "q", "unsigned long long": "Q", "float": "f", "double": "d"}
-
-
-def _ranges(*sizes: int) -> list[ir.Expr]:
-    return [ir.range_(100 + i, s) for i, s in enumerate(sizes)]
-
-
-def ir_elementwise(n: int) -> Kernel:
-    (i,) = _ranges(n)
-    v = ir.alu(Ops.MUL, ir.load(1, f32, i), ir.const(2.0, f32))
-    return Kernel("ew", (Param("p0", f32, "out", n), Param("p1", f32, "in", n)), (i,), (Store(0, i, v),))
-
-
-def ir_softmax(rows: int, cols: int) -> Kernel:
-    i, j, k1, k2 = _ranges(rows, cols, cols, cols)
-    x = lambda r: ir.load(1, f32, i * cols + r)  # noqa: E731
-    m = ir.reduce(Ops.MAX, x(k1), (k1,))
-    s = ir.reduce(Ops.ADD, ir.alu(Ops.EXP, ir.alu(Ops.SUB, x(k2), m)), (k2,))
-    out = ir.alu(Ops.DIV, ir.alu(Ops.EXP, ir.alu(Ops.SUB, x(j), m)), s)
-    n = rows * cols
-    return Kernel("softmax", (Param("p0", f32, "out", n), Param("p1", f32, "in", n)), (i, j),
-                  (Store(0, i * cols + j, out),))
-
-
-def ir_full(n: int) -> Kernel:
-    (k,) = _ranges(n)
-    red = ir.reduce(Ops.ADD, ir.load(1, f32, k), (k,))
-    return Kernel("full", (Param("p0", f32, "out", 1), Param("p1", f32, "in", n)), (),
-                  (Store(0, ir.const(0, ir.index_dtype), red),))
-
-
-def _params(cs: CudaSource, values: list, address) -> list[bytes]:
-    out = []
-    for kind, t, v in zip(cs.param_kinds, cs.param_types, values):
-        if kind == "var":
-            out.append(struct.pack("<" + _FMT[t.replace("const ", "").strip()], v))
-        else:
-            out.append(struct.pack("<Q", address(v)))
-    return out
-
-
-def _run_rendered(kernel: Kernel, inputs: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
-    cs = render_cuda(kernel, INFO)
-    bufs = {i: inputs[i] if p.kind == "in" else np.zeros(p.size, p.dtype.np_dtype) for i, p in enumerate(kernel.params)}
-    fn = compile_module(cs.source).functions[cs.name]
-    assert fn.run(_params(cs, [bufs[i] for i in range(len(bufs))], lambda a: a.ctypes.data), cs.grid, cs.block,
-                  cs.shared_bytes) is None
-    return {i: b for i, b in bufs.items() if kernel.params[i].kind == "out"}
-
-
-def test_rendered_elementwise(rng):
-    x = rng.standard_normal(100_003).astype(np.float32)
-    np.testing.assert_array_equal(_run_rendered(ir_elementwise(x.size), {1: x})[0], x * 2)
-
-
-def test_rendered_row_softmax(rng):
-    x = rng.standard_normal((7, 2000)).astype(np.float32)
-    e = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
-    got = _run_rendered(ir_softmax(7, 2000), {1: x.ravel()})[0].reshape(7, 2000)
-    np.testing.assert_allclose(got, e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-8)
-
-
-def test_rendered_full_reduction(rng):
-    x = rng.uniform(0.5, 1.5, 300_001).astype(np.float32)
-    got = _run_rendered(ir_full(x.size), {1: x})[0]
-    np.testing.assert_allclose(got[0], x.astype(np.float64).sum(), rtol=1e-5)
-
-
-@pytest.fixture
-def host_as_cuda(monkeypatch):
-    """The host device's kernels rendered as CUDA C and run by the emulator, with their real grid and block."""
-    dev = registry().get("host").primary
-    programs: dict[int, CudaSource] = {}
-
-    def compile_(kernel: Kernel) -> int:
-        programs[len(programs) + 1] = render_cuda(kernel, INFO)
-        return len(programs)
-
-    def launch(pid: int, args) -> None:
-        cs = programs[pid]
-        fault = compile_module(cs.source).functions[cs.name].run(_params(cs, list(args), dev.pool().address),
-                                                                  cs.grid, cs.block, cs.shared_bytes)
-        assert fault is None, fault
-
-    monkeypatch.setattr(dev, "compile", compile_)
-    monkeypatch.setattr(dev, "launch", launch)
-    schedule.clear_cache()
-    yield programs
-    schedule.clear_cache()
-
-
-def test_rendered_cumsum_and_cat(rng, host_as_cuda):
-    a = rng.standard_normal((5, 3000)).astype(np.float32)  # long rows: the blocked scan
-    b = rng.integers(-100, 100, size=(7, 9)).astype(np.int32)
-    x, y = zyx.Tensor(a, device="host"), zyx.Tensor(b, device="host")
-    outs = [x.cumsum(1), y.cumsum(0), zyx.cat([x[:, :7], x[:, 7:8] * 2, x[:, 8:30]], 1)]
-    zyx.realize(*outs)
-    assert host_as_cuda, "nothing ran through the emulator"
-    np.testing.assert_allclose(outs[0].numpy(), np.cumsum(a.astype(np.float64), 1), rtol=1e-4, atol=2e-4)
-    np.testing.assert_array_equal(outs[1].numpy(), np.cumsum(b, 0))
-    np.testing.assert_array_equal(outs[2].numpy(), np.concatenate([a[:, :7], a[:, 7:8] * 2, a[:, 8:30]], 1))
