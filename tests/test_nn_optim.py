@@ -152,3 +152,22 @@ def test_optimizer_step_is_fused_and_compiles_once(rng):
     updated = opt._update()
     names = [s.name for s in zyx.debug.schedule(*updated)]
     assert sum(n.endswith("_x3") for n in names) == 4
+
+
+def test_module_to_moves_parameters_in_place_and_training_follows(device):
+    zyx.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+    params = model.parameters()
+    before = [p.numpy() for p in params]
+    opt = optim.SGD(params, lr=0.1)  # built before the move: the same tensor objects are moved
+    assert model.to(device) is model
+    assert [p.device for p in model.parameters()] == [zyx.Tensor(0, device=device).device] * len(params)
+    for p, b in zip(params, before):
+        np.testing.assert_array_equal(p.numpy(), b)
+    x = zyx.Tensor(np.random.default_rng(0).standard_normal((5, 8)).astype(np.float32), device=device)
+    loss = (model(x) * model(x)).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step(loss)
+    assert all(p.device == x.device for p in model.parameters())
+    assert any(not np.array_equal(p.numpy(), b) for p, b in zip(params, before))

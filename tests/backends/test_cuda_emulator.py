@@ -293,3 +293,19 @@ def test_cudnn_double_validates_like_cudnn_and_checks_its_operands():
     with pytest.raises(GraphError, match="do not agree"):
         g.validate()
     emu.shutdown()
+
+
+def test_config_file_can_ask_for_the_emulator(tmp_path, monkeypatch):
+    from zyx.backends import registry as reg
+
+    monkeypatch.delenv("ZYX_CUDA_EMULATE", raising=False)
+    f = tmp_path / "c.json"
+    f.write_text('{"cuda": {"emulate": true, "queues": 3}}')
+    r = reg.Registry(f)
+    try:
+        assert r.report()["cuda"].startswith("ok (emulated: H200, sm_90"), r.report()
+        assert len(r.get("cuda:0").pool.worker.streams) == 3
+    finally:
+        for p in r.placements().values():
+            if p.name.startswith("cuda"):
+                p.pool.worker.close()

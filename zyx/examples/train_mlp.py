@@ -70,10 +70,7 @@ def train(epochs: int = 30, batch: int = 64, lr: float = 2e-3, device: str | Non
     device = device or zyx.default_device()
     zyx.manual_seed(seed)
     x_train, x_test, y_train, y_test = load_digits(seed)
-    model = make_model()
-    if device != "host":
-        for p in model.parameters():
-            p.assign(p.to(device))
+    model = make_model().to(device)
     opt = optim.Adam(model.parameters(), lr=lr)
     rng = np.random.default_rng(seed)
     steps_per_epoch = len(x_train) // batch  # drop the ragged last batch: every step has one shape

@@ -85,6 +85,14 @@ class Module:
                 raise ValueError(f"load_state_dict: {name} has shape {v.shape} in the state, {t.shape} in the module")
             t.cls = v.cast(t.dtype).to(t.device).contiguous().realize().cls
 
+    def to(self, device: str) -> Module:
+        """Move every tensor (parameters and buffers) to ``device`` in place, as PyTorch's ``Module.to``; the
+        tensor objects stay the same, so an optimizer built before keeps working. Returns self."""
+        tensors = [t for _, t in self._named_tensors()]
+        for t in tensors:
+            t.cls = t.to(device).contiguous().realize().cls
+        return self
+
     def train(self, mode: bool = True) -> Module:
         for m in self.modules():
             m.training = mode
