@@ -18,7 +18,6 @@ Invariants:
 
 from __future__ import annotations
 
-import ctypes
 import enum
 import itertools
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from zyx.backends.cuda.emulator.kernels import guarded_copy
 from zyx.backends.cuda.emulator.streams import StreamFault
 from zyx.utils import log
 
@@ -191,23 +191,35 @@ class Graph:
         name = self.name
         compute = _NUMPY[self.compute]
 
-        def view(t: Tensor, writable: bool = False) -> np.ndarray:
+        def copy(dst: int, src: int, n: int, what: str) -> None:
+            fault = guarded_copy(dst, src, n)  # a block freed meanwhile by another stream faults here
+            if fault is not None:
+                raise StreamFault("CUDA_ERROR_ILLEGAL_ADDRESS", f"cuDNN double {name!r}: {what}: {fault.detail} "
+                                                                f"({mem.describe(fault.address)})")
+
+        def fetch(t: Tensor) -> tuple[np.ndarray, np.ndarray]:
+            """A private copy of ``t``'s bytes and the strided view of it."""
             dt = _NUMPY[t.dtype]
             extent = (sum((d - 1) * s for d, s in zip(t.dim, t.stride)) + 1) * dt.itemsize
             bad = mem.check(ptrs[t.uid], extent, "device")
             if bad is not None:
                 raise StreamFault("CUDA_ERROR_ILLEGAL_ADDRESS", f"cuDNN double {name!r}: tensor {t.name}: {bad}")
-            raw = np.ctypeslib.as_array((ctypes.c_uint8 * extent).from_address(ptrs[t.uid])).view(dt)
-            return np.lib.stride_tricks.as_strided(raw, t.dim, [s * dt.itemsize for s in t.stride],
-                                                   writeable=writable)
+            raw = np.empty(extent, np.uint8)
+            copy(raw.ctypes.data, ptrs[t.uid], extent, f"tensor {t.name}")
+            view = np.lib.stride_tricks.as_strided(raw.view(dt), t.dim, [s * dt.itemsize for s in t.stride])
+            return raw, view
 
         def run() -> None:
             bad = mem.check(int(workspace), WORKSPACE_BYTES, "device") if workspace else "no workspace given"
             if bad is not None:
                 raise StreamFault("CUDA_ERROR_ILLEGAL_ADDRESS", f"cuDNN double {name!r}: workspace: {bad}")
-            ctypes.memset(int(workspace), 0x5A, WORKSPACE_BYTES)  # scribble over the scratch area, as cuDNN may
-            out = view(c, writable=True)
-            out[...] = np.matmul(view(a).astype(compute), view(b).astype(compute)).astype(out.dtype)
+            scribble = np.full(WORKSPACE_BYTES, 0x5A, np.uint8)  # over the scratch area, as cuDNN may
+            copy(int(workspace), scribble.ctypes.data, WORKSPACE_BYTES, "workspace")
+            _, va = fetch(a)
+            _, vb = fetch(b)
+            raw, out = fetch(c)  # C's own bytes: a strided C keeps what lies between its elements
+            out[...] = np.matmul(va.astype(compute), vb.astype(compute)).astype(out.dtype)
+            copy(ptrs[c.uid], raw.ctypes.data, raw.size, f"tensor {c.name}")
 
         stream.submit(run)
 

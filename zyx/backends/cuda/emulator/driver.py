@@ -10,7 +10,8 @@ Invariants:
   ``CUDA_ERROR_NO_BINARY_FOR_GPU``, as a real GPU refuses a cubin of another architecture) that NVRTC compiled in
   this process; it runs that cubin's CUDA C (``nvrtc.source_of``) with ``kernels.compile_module``.
 - Launches snapshot their parameter values at the call, check the geometry against the device limits, and run on
-  the stream's thread; copies check both ranges against the emulated memory before moving a byte.
+  the stream's thread; copies check both ranges against the emulated memory before moving a byte, and move them
+  under the kernels' fault handler (a block freed by another stream during the copy is an illegal address too).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 from cuda.bindings import driver as _cu
 
+from zyx.backends.cuda.emulator.kernels import guarded_copy
 from zyx.backends.cuda.emulator.memory import Block, Memory, OutOfMemory
 from zyx.backends.cuda.emulator.streams import Context, Event, Stream, StreamFault
 from zyx.utils import log
@@ -470,7 +472,10 @@ class EmulatedDriver:
                 bad = mem.check(addr, n, kind)
                 if bad is not None:
                     raise StreamFault("CUDA_ERROR_ILLEGAL_ADDRESS", f"{what} of {n} B on {s.name}: {side} {bad}")
-            ctypes.memmove(dst, src, n)
+            fault = guarded_copy(dst, src, n)  # a block freed meanwhile by another stream faults here
+            if fault is not None:
+                raise StreamFault("CUDA_ERROR_ILLEGAL_ADDRESS", f"{what} of {n} B on {s.name}: {fault.detail} "
+                                                                f"({mem.describe(fault.address)})")
 
         s.submit(run)
         return OK

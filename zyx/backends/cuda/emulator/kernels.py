@@ -51,7 +51,7 @@ from typing import Any
 from zyx.backends.host.compiler import cache_dir
 
 __all__ = ["DYNAMIC_SHARED_CAPACITY", "EmulatedModule", "EmulatorCompileError", "Fault", "KernelFunction",
-           "compile_module"]
+           "compile_module", "guarded_copy"]
 
 MAX_BLOCK = (1024, 1024, 64)
 MAX_THREADS_PER_BLOCK = 1024
@@ -244,6 +244,19 @@ static unsigned char* zyx_dyn_shared(void) {
 static const zyx_emu_rt zyx_table = {@ABI@, zyx_enter, zyx_leave, zyx_stacks, zyx_scratch, zyx_dyn_shared,
                                      ZYX_DYN_CAP};
 extern "C" const zyx_emu_rt* zyx_emu_runtime(void) { return &zyx_table; }
+
+/* memcpy that turns an illegal address into a result (the copy engine: a block may be poisoned between the
+   emulator's range check and the copy by another stream's free) */
+extern "C" int zyx_emu_guarded_copy(void* dst, const void* src, unsigned long n, zyx_emu_result* res) {
+  zyx_emu_ctx c;
+  c.res = res;
+  if (sigsetjmp(c.jb, 1)) return res->kind;
+  int e = zyx_enter(&c);
+  if (e) return -e;
+  memcpy(dst, src, n);
+  zyx_leave();
+  return 0;
+}
 """.replace("@DYN_CAP@", str(DYNAMIC_SHARED_CAPACITY)).replace("@ABI@", str(ABI_VERSION))
 
 
@@ -1222,8 +1235,23 @@ def _runtime() -> int:
             lib = ctypes.CDLL(str(_build(_RUNTIME, "the CUDA emulator runtime", with_header=False)))
             fn = lib.zyx_emu_runtime
             fn.argtypes, fn.restype = [], ctypes.c_void_p
-            _RT.extend([lib, fn()])
+            copy = lib.zyx_emu_guarded_copy
+            copy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulong, ctypes.POINTER(_Result)]
+            copy.restype = ctypes.c_int
+            _RT.extend([lib, fn(), copy])
         return _RT[1]
+
+
+def guarded_copy(dst: int, src: int, nbytes: int) -> Fault | None:
+    """``memcpy(dst, src, nbytes)`` on this OS thread; an illegal address is a ``Fault`` (the process goes on)."""
+    _runtime()
+    res = _Result()
+    kind = _RT[2](dst, src, nbytes, ctypes.byref(res))
+    if kind == 0:
+        return None
+    if kind < 0:
+        raise OSError(-kind, "the CUDA emulator could not arm its fault handler for a copy")
+    return Fault(_KINDS.get(kind, "address"), int(res.addr), f"illegal address {res.addr:#x} in a copy")
 
 
 # ---------------------------------------------------------------------------------------------------------------
