@@ -97,8 +97,12 @@ class StreamOrderedAllocator:
     def free(self, ptr: int, size: int) -> None:
         self.drv.mem_free_async(ptr, self.stream)
 
-    def release_cached(self) -> None:
+    def settle(self) -> None:
+        """Wait until every allocation and free queued on the allocation stream happened."""
         self.drv.stream_synchronize(self.stream)
+
+    def release_cached(self) -> None:
+        self.settle()
         self.drv.mem_pool_trim(self.pool, 0)
 
     def usage(self) -> dict[str, int]:
@@ -127,6 +131,9 @@ class CachingAllocator:
     def free(self, ptr: int, size: int) -> None:
         self.cache.setdefault(size, []).append(ptr)
         self.cached += size
+
+    def settle(self) -> None:
+        """Allocations and frees are complete when their calls return: nothing to wait for."""
 
     def release_cached(self) -> None:
         for blocks in self.cache.values():

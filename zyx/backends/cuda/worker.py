@@ -1039,6 +1039,7 @@ class Worker:
     # ---- inspection --------------------------------------------------------------------------------------------
     def _w_memory_info(self) -> dict[str, int]:
         self._usable()
+        self.allocator.settle()  # frees already handed to the allocator have happened, in its stream order too
         free, total = self.drv.mem_get_info()
         info = {"free": free, "total": total, "held": self.held, "live_buffers": len(self.buffers),
                 "dead_buffers": len(self.dead), "pinned_in_use": self.staging.in_use,
