@@ -316,9 +316,98 @@ def load_and_sum(args) -> Row:
     return run(args)
 
 
+# ---- the CUDA worker's host overhead (meaningful under ZYX_CUDA_EMULATE=nokernels, or on a GPU) --------------
+
+_ADD_ONE = r"""
+extern "C" __global__ void zyx_bench_add_one(const float* x, float* y) {
+  if (threadIdx.x == 0) y[0] = x[0] + 1.0f;
+}
+"""
+LAUNCHES = 10_000
+
+
+def _cuda_device():
+    """The first CUDA device and a one-thread kernel ``y[0] = x[0] + 1`` on it, or None without one."""
+    from zyx.backends.registry import registry
+
+    if "cuda:0" not in registry().placements():
+        return None
+    from zyx.backends.cuda.args import KernelSpec
+
+    dev = registry().get("cuda:0").primary
+    spec = KernelSpec("zyx_bench_add_one", (1, 1, 1), (32, 1, 1), 0, ("in", "out"), (None, None))
+    return dev, dev.compile_source(_ADD_ONE, spec)
+
+
+def _launch_rate_row(args, dependent: bool) -> Row | None:
+    got = _cuda_device()
+    if got is None:
+        return None
+    dev, prog = got
+    pool = dev.pool()
+    n = LAUNCHES
+    bufs = [pool.allocate(4) for _ in range(2 if dependent else n + 1)]
+    try:
+        def run():
+            if dependent:  # each launch reads what the previous one wrote
+                for i in range(n):
+                    dev.launch(prog, [bufs[i % 2], bufs[(i + 1) % 2]])
+            else:  # every launch reads one buffer and writes its own
+                for i in range(n):
+                    dev.launch(prog, [bufs[0], bufs[i + 1]])
+            dev.sync()
+
+        ms = median_ms(run, max(args.repeats // 2, 3), warmup=1)
+    finally:
+        for b in bufs:
+            pool.release(b)
+    kind = "dependent chain" if dependent else "independent"
+    return Row(f"cuda: {n:,} {kind} launches + sync", ms, note=f"{n / ms * 1e3:,.0f} launches/s; "
+               f"{ms * 1e3 / n:.1f} us each; {dev.worker.name} {dev.info().extra.get('device_name', '')}")
+
+
+@case
+def cuda_launch_chain(args) -> Row | None:
+    return _launch_rate_row(args, dependent=True)
+
+
+@case
+def cuda_launch_independent(args) -> Row | None:
+    return _launch_rate_row(args, dependent=False)
+
+
+@case
+def cuda_flush_live_buffers(args) -> Row | None:
+    """A one-launch window (launch + sync) with no other buffers, and with 10,000 live buffers the streams track."""
+    got = _cuda_device()
+    if got is None:
+        return None
+    dev, prog = got
+    pool = dev.pool()
+    x, y = pool.allocate(4), pool.allocate(4)
+
+    def windows():
+        for _ in range(200):
+            dev.launch(prog, [x, y])
+            dev.sync()
+
+    empty = median_ms(windows, max(args.repeats // 2, 3), warmup=1)
+    live = [pool.allocate(4) for _ in range(LAUNCHES)]
+    for b in live:  # written once: every one is tracked by the stream state
+        dev.launch(prog, [x, b])
+    dev.sync()
+    full = median_ms(windows, max(args.repeats // 2, 3), warmup=1)
+    for b in (x, y, *live):
+        pool.release(b)
+    row = Row(f"cuda: 200 one-launch windows, {LAUNCHES:,} live buffers", full,
+              note=f"{full / empty:.2f}x the cost with none; {full * 5:.0f} us per window")
+    row.refs["no live buffers"] = empty
+    return row
+
+
 def format_table(rows: list[Row]) -> str:
-    refs = sorted({r for row in rows for r in row.refs}, key=lambda r: ["numpy", "torch"].index(r)
-                  if r in ("numpy", "torch") else 9)
+    refs = sorted({r for row in rows for r in row.refs}, key=lambda r: (["numpy", "torch"].index(r)
+                  if r in ("numpy", "torch") else 9, r))
     head = f"{'benchmark':52s} {'zyx ms':>9s}" + "".join(f" {r + ' ms':>10s} {'x ' + r:>8s}" for r in refs)
     lines = [head, "-" * len(head)]
     for row in rows:

@@ -14,7 +14,8 @@ Invariants of :func:`assign_streams`:
   Write-after-read waits for *every* stream that read the buffer since its last write, not only the last one.
 * ``Placement.waits`` is sorted, distinct, never contains the command's own stream, and omits a stream whose
   relevant commands the chosen stream is already known to be ordered after (vector clocks in the state).
-* The input state is never mutated; an updated copy is returned.
+* ``assign_streams`` never mutates its input state (it returns an updated copy); ``place`` is the same placement
+  updating the state in place, so its cost is the window's, not the number of buffers the state tracks.
 * ``ignore`` is a mutation switch for tests only: ``"raw"`` / ``"war"`` leave out read-after-write /
   write-after-read requirements, which breaks the safety invariant on purpose (the emulator's stress tests must
   then fail).
@@ -26,7 +27,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Command", "Placement", "StreamState", "assign_streams"]
+__all__ = ["Command", "Placement", "StreamState", "assign_streams", "place"]
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,16 @@ def assign_streams(
     if any(not 0 <= s < n_streams for s in used):
         raise ValueError(f"state uses streams {sorted(used)} but n_streams is {n_streams}")
     st = state.copy()
+    return place(commands, st, n_streams, ignore), st
+
+
+def place(commands: Sequence[Command], st: StreamState, n_streams: int, ignore: frozenset[str] = frozenset(),
+          rank: Sequence[int] | None = None) -> list[Placement]:
+    """``assign_streams`` updating ``st`` in place: the cost is the window's, whatever the state tracks.
+
+    ``rank`` orders the streams for ties (lower first; default: by index); any order keeps every invariant."""
+    order = rank if rank is not None else range(n_streams)
+    by_rank = sorted(range(n_streams), key=order.__getitem__)
     load = [0] * n_streams
     placements: list[Placement] = []
     for cmd in commands:
@@ -123,7 +134,7 @@ def assign_streams(
         if first is not None and first in st.last_writer:
             chosen = st.last_writer[first]
         else:
-            chosen = min(range(n_streams), key=lambda s: (load[s], s))
+            chosen = min(by_rank, key=load.__getitem__)  # least loaded, ties to the lowest rank
 
         clock = st.synced.setdefault(chosen, {})
         pending = {t: p for t, p in _requirements(cmd, st, ignore).items() if t != chosen and clock.get(t, 0) < p}
@@ -131,7 +142,7 @@ def assign_streams(
         while pending:
             # Greedy cover: wait on the stream whose tail settles the most outstanding requirements.
             score = {u: _covers(st, u, pending) for u in pending}
-            t = max(sorted(pending), key=score.__getitem__)
+            t = max(sorted(pending, key=order.__getitem__), key=score.__getitem__)
             waits.append(t)
             for u, n in st.synced.get(t, {}).items():
                 if u != chosen:
@@ -152,4 +163,4 @@ def assign_streams(
             st.readers_since_write[b] = set()
             st.last_writer[b] = chosen
             st.last_write_at[b] = pos
-    return placements, st
+    return placements

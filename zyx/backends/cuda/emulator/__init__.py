@@ -12,7 +12,8 @@ the backend asks whether it is emulated, it only loads these bindings instead of
 - ``kernels``: the CUDA C a cubin came from, compiled for the CPU (threads as fibers);
 - ``cudnn_double``: a reference matmul standing in for cuDNN (a test double, named so in ``python -m zyx``).
 
-Environment (read when the driver is created): ``ZYX_CUDA_EMULATE_SEED`` (stream delays, default 0),
+Environment (read when the driver is created): ``ZYX_CUDA_EMULATE=nokernels`` (every call accepted and ordered,
+kernel bodies and copy payloads skipped: host overhead alone), ``ZYX_CUDA_EMULATE_SEED`` (stream delays, default 0),
 ``ZYX_CUDA_EMULATE_DELAY_US`` (largest delay before a stream operation, default 20), ``ZYX_CUDA_EMULATE_DEVICES``
 (default 1), ``ZYX_CUDA_EMULATE_MEMORY_GB`` (per device, default 8).
 """
@@ -27,10 +28,13 @@ __all__ = ["EmulatedDriver", "EmulatorConfig", "config_from_env"]
 
 
 def config_from_env() -> EmulatorConfig:
+    """``ZYX_CUDA_EMULATE=nokernels`` skips kernel bodies and copy payloads, without delays unless asked for."""
     env = os.environ
+    nokernels = env.get("ZYX_CUDA_EMULATE", "").strip().lower() == "nokernels"
     return EmulatorConfig(
         devices=int(env.get("ZYX_CUDA_EMULATE_DEVICES", "1")),
         memory=int(float(env.get("ZYX_CUDA_EMULATE_MEMORY_GB", "8")) * (1 << 30)),
         seed=int(env.get("ZYX_CUDA_EMULATE_SEED", "0")),
-        delay_us=float(env.get("ZYX_CUDA_EMULATE_DELAY_US", "20")),
+        delay_us=float(env.get("ZYX_CUDA_EMULATE_DELAY_US", "0" if nokernels else "20")),
+        run_kernels=not nokernels,
     )

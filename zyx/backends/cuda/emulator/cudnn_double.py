@@ -221,7 +221,11 @@ class Graph:
             out[...] = np.matmul(va.astype(compute), vb.astype(compute)).astype(out.dtype)
             copy(ptrs[c.uid], raw.ctypes.data, raw.size, f"tensor {c.name}")
 
-        stream.submit(run)
+        stream.submit(run if emulator.config.run_kernels else _nothing)
+
+
+def _nothing() -> None:
+    """A skipped execution (the emulator runs no kernels)."""
 
 
 class ReferenceCudnn:

@@ -84,7 +84,8 @@ def _err(name: str) -> tuple:
 class EmulatorConfig:
     """The emulated machine: ``devices`` GPUs named ``name`` with ``attributes``; ``memory`` bytes each (host-backed,
     so far less than the H200's 141 GB); streams pause up to ``delay_us`` before each operation, drawn from
-    generators seeded with ``seed``."""
+    generators seeded with ``seed``. ``run_kernels=False`` (``ZYX_CUDA_EMULATE=nokernels``) measures host
+    overhead alone: launches, copies and library calls are ordered on their streams but do nothing."""
 
     devices: int = 1
     name: str = "NVIDIA H200"
@@ -92,6 +93,7 @@ class EmulatorConfig:
     memory: int = 8 << 30
     seed: int = 0
     delay_us: float = 20.0
+    run_kernels: bool = True  # False: every call is accepted and ordered, kernel bodies and copy payloads skipped
 
     @property
     def sm(self) -> int:
@@ -110,6 +112,26 @@ class _Function:
     module: int
     kernel: Any  # kernels.KernelFunction
     max_dynamic_shared: int = 0
+    checked: set = field(default_factory=set)  # launch geometries already found within the limits
+
+
+def _nothing() -> None:
+    """The body of a skipped launch or copy (``run_kernels=False``)."""
+
+
+@dataclass(frozen=True)
+class _SkippedKernel:
+    name: str
+    param_sizes: tuple[int, ...]
+
+
+class _Skipped:
+    """A module whose kernels are parsed for their parameter sizes but never compiled (``run_kernels=False``)."""
+
+    def __init__(self, source: str) -> None:
+        from zyx.backends.cuda.emulator import kernels
+
+        self.functions = {n: _SkippedKernel(n, sizes) for n, sizes in kernels.signatures(source).items()}
 
 
 def cubin_arch(image: bytes) -> int | None:
@@ -271,7 +293,7 @@ class EmulatedDriver:
         n = next(self._stream_seeds)
         seed = self.config.seed * 1_000_003 + 7919 * ctx.device + n
         self._streams[handle] = Stream(ctx, f"dev{ctx.device}-stream{n}", seed, self.config.delay_us * 1e-6,
-                                       self._fault)
+                                       self._fault, inline=not self.config.run_kernels)
         return R.CUDA_SUCCESS, handle
 
     def cuStreamDestroy(self, stream: int) -> tuple:
@@ -466,6 +488,9 @@ class EmulatedDriver:
             return err
         dst, src, n = int(dst), int(src), int(n)
         mem = self.memory
+        if not self.config.run_kernels:
+            s.submit(_nothing)
+            return OK
 
         def run() -> None:
             for side, addr, kind in (("destination", dst, dst_kind), ("source", src, src_kind)):
@@ -513,7 +538,7 @@ class EmulatedDriver:
             log("dev", "cuda emulator: a cubin that NVRTC did not compile in this process cannot be emulated")
             return _err("CUDA_ERROR_INVALID_IMAGE") + (0,)
         try:
-            emulated = kernels.compile_module(source)
+            emulated = kernels.compile_module(source) if self.config.run_kernels else _Skipped(source)
         except kernels.EmulatorCompileError as e:
             log("dev", f"cuda emulator: {e}")
             return _err("CUDA_ERROR_INVALID_IMAGE") + (0,)
@@ -551,6 +576,7 @@ class EmulatedDriver:
             if int(value) > self.config.attributes["MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"]:
                 return _err("CUDA_ERROR_INVALID_VALUE")
             fn.max_dynamic_shared = int(value)
+            fn.checked.clear()
         return OK
 
     def _geometry_error(self, grid: tuple[int, ...], block: tuple[int, ...], shared: int, fn: _Function) -> bool:
@@ -573,10 +599,12 @@ class EmulatedDriver:
         if (err := self._sticky(s.ctx)) is not None:
             return err
         grid, block = (int(gx), int(gy), int(gz)), (int(bx), int(by), int(bz))
-        if self._geometry_error(grid, block, int(shared), fn):
+        key = (grid, block, int(shared))
+        if key not in fn.checked and self._geometry_error(grid, block, int(shared), fn):
             log("launch", f"cuda emulator: {fn.kernel.name}: launch geometry grid={grid} block={block} "
                           f"shared={shared} exceeds the device limits")
             return _err("CUDA_ERROR_INVALID_VALUE")
+        fn.checked.add(key)
         sizes = fn.kernel.param_sizes
         if sizes and not params:
             return _err("CUDA_ERROR_INVALID_VALUE")
@@ -587,6 +615,10 @@ class EmulatedDriver:
         kernel = fn.kernel
         name = kernel.name
         mem = self.memory
+
+        if not self.config.run_kernels:
+            s.submit(_nothing)
+            return OK
 
         def run() -> None:
             fault = kernel.run(values, grid, block, int(shared))

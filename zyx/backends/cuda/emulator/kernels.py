@@ -51,7 +51,7 @@ from typing import Any
 from zyx.backends.host.compiler import cache_dir
 
 __all__ = ["DYNAMIC_SHARED_CAPACITY", "EmulatedModule", "EmulatorCompileError", "Fault", "KernelFunction",
-           "compile_module", "guarded_copy"]
+           "compile_module", "guarded_copy", "signatures"]
 
 MAX_BLOCK = (1024, 1024, 64)
 MAX_THREADS_PER_BLOCK = 1024
@@ -1373,6 +1373,11 @@ class EmulatedModule:
             return ctypes.addressof(ctypes.c_char.in_dll(self._lib, name))
         except ValueError:
             return None
+
+
+def signatures(source: str) -> dict[str, tuple[int, ...]]:
+    """The parameter sizes of every ``__global__`` function of ``source``, without compiling it."""
+    return {s.name: s.param_sizes for s in _parse(_strip_comments(source))}
 
 
 _CACHE: dict[str, EmulatedModule] = {}

@@ -87,7 +87,7 @@ class Stream:
     """A queue of operations run by one thread; ``delay_s`` bounds the random pause before each operation."""
 
     def __init__(self, ctx: Context, name: str, seed: int, delay_s: float,
-                 on_fault: Callable[[Context, StreamFault], None]) -> None:
+                 on_fault: Callable[[Context, StreamFault], None], inline: bool = False) -> None:
         self.ctx = ctx
         self.name = name
         self.delay_s = delay_s
@@ -96,11 +96,19 @@ class Stream:
         self._unfinished = 0  # queued or running operations
         self._cv = threading.Condition()
         self._on_fault = on_fault
-        self._thread = threading.Thread(target=self._run, name=f"zyx-emu-{name}", daemon=True)
-        self._thread.start()
+        self._inline = inline
+        self._thread: threading.Thread | None = None
+        if not inline:
+            self._thread = threading.Thread(target=self._run, name=f"zyx-emu-{name}", daemon=True)
+            self._thread.start()
 
     def submit(self, op: Callable[[], None], work: bool = True) -> None:
-        """Queue ``op``; ``work`` operations get the random delay and are skipped once the context faulted."""
+        """Queue ``op``; ``work`` operations get the random delay and are skipped once the context faulted.
+        An ``inline`` stream runs ``op`` at once on the caller's thread (everything then happens in submission
+        order, one valid order of the program: the host-overhead mode, whose operations do nothing)."""
+        if self._inline:
+            self._execute(op, work)
+            return
         with self._cv:
             self._queue.append((op, work))
             self._unfinished += 1
@@ -125,8 +133,9 @@ class Stream:
         self.mark().wait()
 
     def stop(self) -> None:
-        self.submit(_STOP, work=False)
-        self._thread.join(timeout=10)
+        if self._thread is not None:
+            self.submit(_STOP, work=False)
+            self._thread.join(timeout=10)
 
     def _run(self) -> None:
         while True:
@@ -136,18 +145,20 @@ class Stream:
                 op, work = self._queue.popleft()
             if op is _STOP:
                 return
-            try:
-                if work and self.ctx.sticky is None:  # a faulted context runs nothing; markers still complete
-                    if self.delay_s > 0:
-                        time.sleep(self._rng.random() * self.delay_s)
-                    op()
-                elif not work:
-                    op()
-            except StreamFault as f:
-                self._on_fault(self.ctx, f)
-            except Exception as e:  # noqa: BLE001 - a bug in the emulator itself: a launch failure, not a hang
-                self._on_fault(self.ctx, StreamFault("CUDA_ERROR_LAUNCH_FAILED",
-                                                     f"emulator error in {self.name}: {type(e).__name__}: {e}"))
-            finally:
-                with self._cv:
-                    self._unfinished -= 1
+            self._execute(op, work)
+            with self._cv:
+                self._unfinished -= 1
+
+    def _execute(self, op: Callable[[], None], work: bool) -> None:
+        try:
+            if work and self.ctx.sticky is None:  # a faulted context runs nothing; markers still complete
+                if self.delay_s > 0:
+                    time.sleep(self._rng.random() * self.delay_s)
+                op()
+            elif not work:
+                op()
+        except StreamFault as f:
+            self._on_fault(self.ctx, f)
+        except Exception as e:  # noqa: BLE001 - a bug in the emulator itself: a launch failure, not a hang
+            self._on_fault(self.ctx, StreamFault("CUDA_ERROR_LAUNCH_FAILED",
+                                                 f"emulator error in {self.name}: {type(e).__name__}: {e}"))
