@@ -119,12 +119,20 @@ class LibraryProgram(Protocol):
     def run(self, worker: Worker, stream_index: int, pointers: tuple[int, ...]) -> None: ...
 
 
+def roles(kinds: Sequence[str]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Positions of the read ("in") and written ("out") buffer arguments."""
+    return (tuple(i for i, k in enumerate(kinds) if k == "in"), tuple(i for i, k in enumerate(kinds) if k == "out"))
+
+
 @dataclass
 class _Kernel:
     spec: KernelSpec
     module: int
     function: int
     streams: set[int] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.ins, self.outs = roles(self.spec.kinds)
 
     @property
     def name(self) -> str:
@@ -139,6 +147,9 @@ class _Kernel:
 class _Library:
     program: Any  # LibraryProgram
     streams: set[int] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.ins, self.outs = roles(self.program.kinds)
 
     @property
     def name(self) -> str:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 __all__ = ["Command", "Placement", "StreamState", "assign_streams", "place"]
 
@@ -39,9 +40,9 @@ class Command:
     name: str = ""
 
 
-@dataclass(frozen=True)
-class Placement:
-    """Where a command runs and which other streams' current tails it must wait for first."""
+class Placement(NamedTuple):
+    """Where a command runs and which other streams' current tails it must wait for first (a tuple: one is made
+    per launch)."""
 
     stream: int
     waits: tuple[int, ...] = ()
@@ -86,18 +87,21 @@ def _requirements(cmd: Command, state: StreamState, ignore: frozenset[str] = fro
     A position the state does not know (a hand-built state) is infinite: that stream is always waited on.
     """
     need: dict[int, float] = {}
-
-    def add(stream: int, pos: float) -> None:
-        need[stream] = max(need.get(stream, 0), pos)
-
-    for b in cmd.reads if "raw" not in ignore else ():  # read-after-write
-        if b in state.last_writer:
-            add(state.last_writer[b], state.last_write_at.get(b, math.inf))
-    for b in cmd.writes:
-        if b in state.last_writer:  # write-after-write
-            add(state.last_writer[b], state.last_write_at.get(b, math.inf))
-        for r in state.readers_since_write.get(b, ()) if "war" not in ignore else ():  # write-after-read
-            add(r, state.last_read_at.get((b, r), math.inf))
+    writer, write_at = state.last_writer, state.last_write_at
+    after_writes = cmd.writes if "raw" in ignore else cmd.reads + cmd.writes  # RAW (reads) and WAW (writes)
+    for b in after_writes:
+        s = writer.get(b)
+        if s is not None:
+            p = write_at.get(b, math.inf)
+            if p > need.get(s, 0):
+                need[s] = p
+    if "war" not in ignore:
+        readers, read_at = state.readers_since_write, state.last_read_at
+        for b in cmd.writes:  # write-after-read: every reader since the last write
+            for r in readers.get(b, ()):
+                p = read_at.get((b, r), math.inf)
+                if p > need.get(r, 0):
+                    need[r] = p
     return need
 
 
@@ -129,15 +133,17 @@ def place(commands: Sequence[Command], st: StreamState, n_streams: int, ignore: 
     by_rank = sorted(range(n_streams), key=order.__getitem__)
     load = [0] * n_streams
     placements: list[Placement] = []
+    writer, write_at, readers, read_at = st.last_writer, st.last_write_at, st.readers_since_write, st.last_read_at
+    placed, synced = st.placed, st.synced
     for cmd in commands:
-        first = cmd.reads[0] if cmd.reads else None
-        if first is not None and first in st.last_writer:
-            chosen = st.last_writer[first]
-        else:
+        reads = cmd.reads
+        chosen = writer.get(reads[0]) if reads else None
+        if chosen is None:
             chosen = min(by_rank, key=load.__getitem__)  # least loaded, ties to the lowest rank
 
-        clock = st.synced.setdefault(chosen, {})
-        pending = {t: p for t, p in _requirements(cmd, st, ignore).items() if t != chosen and clock.get(t, 0) < p}
+        clock = synced.setdefault(chosen, {})
+        need = _requirements(cmd, st, ignore)
+        pending = {t: p for t, p in need.items() if t != chosen and clock.get(t, 0) < p} if need else need
         waits: list[int] = []
         while pending:
             # Greedy cover: wait on the stream whose tail settles the most outstanding requirements.
@@ -149,18 +155,22 @@ def place(commands: Sequence[Command], st: StreamState, n_streams: int, ignore: 
                     clock[u] = max(clock.get(u, 0), n)
             clock[t] = st.placed.get(t, 0)
             pending = {u: p for u, p in pending.items() if u != t and clock.get(u, 0) < p}
-        placements.append(Placement(chosen, tuple(sorted(waits))))
+        placements.append(Placement(chosen, tuple(sorted(waits)) if len(waits) > 1 else tuple(waits)))
 
-        pos = st.placed.get(chosen, 0) + 1
-        st.placed[chosen] = pos
+        pos = placed.get(chosen, 0) + 1
+        placed[chosen] = pos
         load[chosen] += 1
-        for b in cmd.reads:
-            st.readers_since_write.setdefault(b, set()).add(chosen)
-            st.last_read_at[(b, chosen)] = pos
+        for b in reads:
+            r = readers.get(b)
+            if r is None:
+                readers[b] = {chosen}
+            else:
+                r.add(chosen)
+            read_at[(b, chosen)] = pos
         for b in cmd.writes:
-            for r in st.readers_since_write.pop(b, set()):
-                st.last_read_at.pop((b, r), None)
-            st.readers_since_write[b] = set()
-            st.last_writer[b] = chosen
-            st.last_write_at[b] = pos
+            for r in readers.pop(b, ()):
+                read_at.pop((b, r), None)
+            readers[b] = set()
+            writer[b] = chosen
+            write_at[b] = pos
     return placements

@@ -54,7 +54,6 @@ from zyx.backends.cuda.memory import (
     human_bytes,
 )
 from zyx.backends.cuda.placement import place_window
-from zyx.backends.cuda.streams import Command as StreamCommand
 from zyx.backends.cuda.streams import StreamState
 from zyx.utils import debug_on, log
 
@@ -550,13 +549,11 @@ class Worker:
     # ---- commands joining the window ---------------------------------------------------------------------------
     def _enqueue(self, p: Pending) -> None:
         buffers = self.buffers
-        for b in p.reads:
-            self._live(b)
-        for b in p.writes:
-            self._live(b)
-        for b in p.reads:
-            buffers[b].pending += 1
-        for b in p.writes:
+        used = p.reads + p.writes
+        for b in used:
+            if b not in buffers:
+                self._live(b)  # raises, naming the buffer
+        for b in used:
             buffers[b].pending += 1
         self.pending.append(p)
         if self.config.sync_each:
@@ -571,8 +568,8 @@ class Worker:
         kinds = prog.kinds
         if len(args) != len(kinds):
             raise BackendError(ErrorStatus.LAUNCH, f"kernel {prog.name} takes {len(kinds)} arguments, got {len(args)}")
-        reads = tuple(a for a, k in zip(args, kinds) if k == "in")
-        writes = tuple(a for a, k in zip(args, kinds) if k == "out")
+        reads = tuple(args[i] for i in prog.ins)
+        writes = tuple(args[i] for i in prog.outs)
         self._enqueue(Pending("launch", prog.name, reads, writes, (prog, args)))
 
     def _w_copy(self, src: int, dst: int, nbytes: int) -> None:
@@ -613,15 +610,18 @@ class Worker:
                 self._poison(p.writes, self.fatal.context)
             self._bury_doomed()
             return
-        placements, self.state = place_window([StreamCommand(p.reads, p.writes, p.name) for p in cmds], self.state,
-                                              len(self.streams), self.config.unsafe)
+        # a Pending has the reads / writes a streams.Command has: placed as it is
+        placements, self.state = place_window(cmds, self.state, len(self.streams), self.config.unsafe)
         w = Window(next(self._seq))
         self.inflight.append(w)
         used: set[int] = set()
         drv = self.drv
+        buffers = self.buffers
         trace = [] if self.trace is not None else None
         for p, pl in zip(cmds, placements):
-            self._release_pending(p)
+            touched = [buffers[b] for b in p.reads + p.writes]
+            for buf in touched:
+                buf.pending -= 1
             if self.fatal is not None:
                 self._poison(p.writes, self.fatal.context)
                 continue
@@ -632,13 +632,12 @@ class Worker:
             w.writes.update(p.writes)
             if trace is not None:
                 trace.append((p.name, si, pl.waits))
-            for b in p.reads:
-                self.buffers[b].streams.add(si)
-            for b in p.writes:
-                self.buffers[b].streams.add(si)
+            for buf in touched:
+                buf.streams.add(si)
             try:
-                for b in (*p.reads, *p.writes):
-                    self._first_use(self.buffers[b], stream)
+                for buf in touched:
+                    if buf.ready is not None:
+                        self._first_use(buf, stream)
                 for t in pl.waits:
                     ev = self._event()
                     drv.event_record(ev, self.streams[t])

@@ -608,6 +608,9 @@ class EmulatedDriver:
         sizes = fn.kernel.param_sizes
         if sizes and not params:
             return _err("CUDA_ERROR_INVALID_VALUE")
+        if not self.config.run_kernels:  # host-overhead mode: ordered, never read
+            s.submit(_nothing)
+            return OK
         values = []
         if sizes:
             slots = (ctypes.c_void_p * len(sizes)).from_address(int(params))
@@ -615,10 +618,6 @@ class EmulatedDriver:
         kernel = fn.kernel
         name = kernel.name
         mem = self.memory
-
-        if not self.config.run_kernels:
-            s.submit(_nothing)
-            return OK
 
         def run() -> None:
             fault = kernel.run(values, grid, block, int(shared))
