@@ -309,3 +309,70 @@ def test_config_file_can_ask_for_the_emulator(tmp_path, monkeypatch):
         for p in r.placements().values():
             if p.name.startswith("cuda"):
                 p.pool.worker.close()
+
+
+@pytest.mark.parametrize("allow_tf32", [False, True])
+def test_float32_cudnn_matmul_matches_the_host_unless_tf32_is_allowed(tmp_path, monkeypatch, allow_tf32):
+    """``cuda.allow_tf32`` off (the default): float32 matmul on cuda agrees with the host to 1e-5; on: the
+    tensor-core engines round the inputs to TF32 (here the double does): errors near 1e-2."""
+    import json
+
+    from zyx.backends import registry as reg
+    from zyx.graph import schedule
+
+    monkeypatch.setenv("ZYX_CUDA_EMULATE", "1")
+    f = tmp_path / "c.json"
+    f.write_text(json.dumps({"cuda": {"allow_tf32": allow_tf32, "queues": 2}}))
+    r = reg.reset_registry(f)
+    schedule.clear_cache()  # plans name the programs of the registry they were made with
+    try:
+        rng = np.random.default_rng(5)
+        a, b = rng.standard_normal((256, 192)).astype(np.float32), rng.standard_normal((192, 160)).astype(np.float32)
+        z = zyx.Tensor(a, device="cuda") @ zyx.Tensor(b, device="cuda")
+        names = [launch.name for launch in zyx.debug.schedule(z) if launch.kind == "library"]
+        assert names and ("_tf32_" in names[0]) == allow_tf32, names
+        got = z.numpy()
+        host = (zyx.Tensor(a, device="host") @ zyx.Tensor(b, device="host")).numpy()
+        err = float(np.max(np.abs(got - host) / (np.abs(host) + 1)))
+        if allow_tf32:
+            assert 1e-4 < err < 5e-2, err
+        else:
+            assert err < 1e-5, err
+    finally:
+        for p in r.placements().values():
+            if p.name.startswith("cuda"):
+                p.pool.worker.close()
+        reg.reset_registry()
+        schedule.clear_cache()
+
+
+def test_missing_cudnn_warns_once_at_the_first_matmul_and_the_status_says_so(tmp_path, monkeypatch):
+    import warnings
+
+    from zyx.backends import registry as reg
+    from zyx.graph import schedule
+
+    def missing(self):
+        raise ImportError("libcudnn.so.9: cannot open shared object file: No such file or directory")
+
+    monkeypatch.setattr(EmulatedDriver, "cudnn_frontend", missing)  # the library hidden
+    monkeypatch.setenv("ZYX_CUDA_EMULATE", "1")
+    f = tmp_path / "c.json"
+    f.write_text('{"cuda": {"queues": 2}}')
+    r = reg.reset_registry(f)
+    schedule.clear_cache()
+    try:
+        status = r.report()["cuda"]
+        assert "cuDNN off" in status and "libcudnn.so.9" in status, status
+        a = zyx.Tensor(np.ones((128, 128), np.float32), device="cuda")
+        with pytest.warns(RuntimeWarning, match=r"cuDNN is unavailable \(.*libcudnn\.so\.9.*pip install 'zyx\[cuda\]'"):
+            (a @ a).numpy()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once only
+            np.testing.assert_allclose((a @ a.T).numpy(), np.full((128, 128), 128.0))
+    finally:
+        for p in r.placements().values():
+            if p.name.startswith("cuda"):
+                p.pool.worker.close()
+        reg.reset_registry()
+        schedule.clear_cache()

@@ -66,6 +66,7 @@ def probe(cuda_config: dict, driver: Driver | None = None) -> list:
                            f"GPU(s) are visible (ordinals 0..{count - 1}); fix the config file")
     use_cudnn = bool(cuda_config.get("cudnn", True))
     notes = [getattr(drv, "note", "")]
+    cudnn_unavailable: str | None = None
     if use_cudnn:
         from zyx.backends.cuda.cudnn import ensure_available
 
@@ -73,7 +74,8 @@ def probe(cuda_config: dict, driver: Driver | None = None) -> list:
             notes.append(ensure_available(drv))
         except BackendError as e:
             log("dev", f"cuda: cuDNN off: {e.context}")
-            use_cudnn = False
+            cudnn_unavailable = e.context
+            notes.append("cuDNN off: " + e.context)
     cfg = worker_config(cuda_config)
     placements = []
     first_error: BackendError | None = None
@@ -86,7 +88,9 @@ def probe(cuda_config: dict, driver: Driver | None = None) -> list:
             continue
         _workers.add(worker)
         pool = CudaPool(worker)
-        placements.append(Placement(worker.name, pool, [CudaDevice(pool, cudnn=use_cudnn)],
+        device = CudaDevice(pool, cudnn=use_cudnn, allow_tf32=bool(cuda_config.get("allow_tf32", False)),
+                            cudnn_unavailable=cudnn_unavailable)
+        placements.append(Placement(worker.name, pool, [device],
                                     note="; ".join(n for n in notes if n)))
     if not placements:
         assert first_error is not None

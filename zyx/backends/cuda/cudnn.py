@@ -14,8 +14,12 @@ bfloat16 inputs, a ``LibraryKernel`` running a cuDNN graph built for exactly tha
 - Plans are built and run on the GPU's worker thread (the primary context is current there), with one cuDNN handle
   per stream (``cudnn.set_stream``) and a per-stream workspace from the worker's allocator; execution runs on the
   stream the worker's assignment chose, so it is ordered with generated kernels like any launch.
-- Whatever cuDNN cannot run (odd strides, unsupported dtype, ``check_support`` failing, no cuDNN library) adds no
-  alternative: the generated kernel runs; the reason is logged under ``ZYX_DEBUG=sched``.
+- float32 matmuls use no TF32 tensor cores unless ``"cuda": {"allow_tf32": true}`` (engines with the
+  ``TENSOR_CORE`` numerical note are deselected), so cuda and host agree to float32 rounding by default.
+- Whatever cuDNN cannot run (odd strides, unsupported dtype, ``check_support`` failing) adds no alternative: the
+  generated kernel runs; the reason is logged under ``ZYX_DEBUG=sched``. When cuDNN cannot run at all (frontend
+  or library missing, handle creation failing) the first matmul on the device warns once (``RuntimeWarning``)
+  with the reason and the pip command, and the backend's status line (``python -m zyx``) says "cuDNN off".
 - ``describe`` builds the graph description only (no ``validate()``), which works without a GPU.
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +76,7 @@ class MatmulSpec:
     c_strides: tuple[int, int, int]
     a_offset: int = 0
     b_offset: int = 0
+    tf32: bool = False  # float32 inputs may run on TF32 tensor cores (10-bit mantissa products)
 
     @property
     def name(self) -> str:
@@ -78,7 +84,7 @@ class MatmulSpec:
         k = self.a_dims[2]
         layout = "".join("N" if s[2] == 1 else "T" for s in (self.a_strides, self.b_strides))
         dt = SHORT[self.in_dtype] + ("" if self.out_dtype == self.in_dtype else "_" + SHORT[self.out_dtype])
-        return f"cudnn_matmul_{dt}_{layout}_{b}x{m}x{n}x{k}"
+        return f"cudnn_matmul_{dt}{'_tf32' if self.tf32 else ''}_{layout}_{b}x{m}x{n}x{k}"
 
     @property
     def flops(self) -> int:
@@ -119,8 +125,9 @@ def _packed_batch_stride(rows: int, cols: int, strides: tuple[int, int]) -> int:
     return rows * rs if cs == 1 else cols * cs
 
 
-def matmul_spec(mm: Any) -> MatmulSpec | str:
-    """The cuDNN problem for a ``zyx.graph.match.Matmul``, or the reason cuDNN cannot run it."""
+def matmul_spec(mm: Any, allow_tf32: bool = False) -> MatmulSpec | str:
+    """The cuDNN problem for a ``zyx.graph.match.Matmul``, or the reason cuDNN cannot run it. float32 runs on TF32
+    tensor cores only with ``allow_tf32`` (PyTorch's ``allow_tf32`` default: off)."""
     da, db = mm.a.view.base.dtype, mm.b.view.base.dtype
     out = mm.acc_dtype
     if da is not db:
@@ -154,7 +161,7 @@ def matmul_spec(mm: Any) -> MatmulSpec | str:
     if bc == 1:
         sbc = _packed_batch_stride(mm.m, mm.n, c)
     return MatmulSpec(da.name, out.name, (ba, mm.m, mm.k), (sba, *a), (bb, mm.k, mm.n), (sbb, *b),
-                      (bc, mm.m, mm.n), (sbc, *c), offsets[0], offsets[1])
+                      (bc, mm.m, mm.n), (sbc, *c), offsets[0], offsets[1], allow_tf32 and da.name == "float32")
 
 
 def describe(spec: MatmulSpec, cudnn: Any = None, handle: Any = None) -> tuple[Any, tuple[Any, Any, Any]]:
@@ -216,6 +223,8 @@ def build_plan(worker: Any, spec: MatmulSpec) -> CudnnPlan:
         g.validate()
         g.build_operation_graph()
         g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+        if spec.in_dtype == "float32" and not spec.tf32:  # no TF32: engines computing in full float32 only
+            g.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE])
         g.check_support()
         g.build_plans()
         ws = int(g.get_workspace_size())
@@ -227,14 +236,28 @@ def build_plan(worker: Any, spec: MatmulSpec) -> CudnnPlan:
 class CudnnMatmul:
     """The ``match_graph`` half of a ``CudaDevice``: one cuDNN program per distinct ``MatmulSpec``."""
 
-    def __init__(self, device: Any) -> None:
+    def __init__(self, device: Any, allow_tf32: bool = False, unavailable: str | None = None) -> None:
         self.device = device
+        self.allow_tf32 = allow_tf32
         self._programs: dict[MatmulSpec, int | None] = {}
         self._lock = threading.Lock()
-        self.disabled: str | None = None
+        self.disabled: str | None = unavailable  # why cuDNN cannot run here (warned once, at the first matmul)
+        self._warned = False
+
+    def _warn_disabled(self) -> None:
+        if self._warned or self.disabled is None:
+            return
+        self._warned = True
+        fix = "" if "pip install" in self.disabled else "; install the libraries with: pip install 'zyx[cuda]'"
+        warnings.warn(f"{self.device.name}: cuDNN is unavailable ({self.disabled}){fix}; matmuls on "
+                      f"{self.device.name} run as generated kernels", RuntimeWarning, stacklevel=2)
 
     def estimate_ns(self, spec: MatmulSpec) -> float:
-        tflops = self.device.info().extra.get("tensor_tflops", {}).get(spec.in_dtype, 100.0)
+        info = self.device.info()
+        if spec.in_dtype == "float32" and not spec.tf32:
+            tflops = info.peak_gflops / 1e3  # full float32: the SIMT peak, not TF32 tensor cores
+        else:
+            tflops = info.extra.get("tensor_tflops", {}).get(spec.in_dtype, 100.0)
         return spec.flops / (EFFICIENCY * tflops * 1e3) + LAUNCH_OVERHEAD_NS
 
     def program(self, spec: MatmulSpec) -> int | None:
@@ -253,8 +276,8 @@ class CudnnMatmul:
                 pid = None
             except CudnnUnavailable as e:
                 self.disabled = str(e)
-                log("dev", f"{self.device.name}: cuDNN unavailable: {e}; matmuls use generated kernels")
                 log("sched", f"{self.device.name}: cuDNN unavailable: {e}")
+                self._warn_disabled()
                 return None
             except BackendError as e:
                 log("sched", f"{self.device.name}: cuDNN plan for {spec.name} failed: {e.context}")
@@ -272,11 +295,13 @@ class CudnnMatmul:
 
     def match_graph(self, graph: Any, outputs: Any) -> None:
         if self.disabled is not None:
+            if not self._warned and any(mm.cls.device == self.device.name for mm in graph.matmuls()):
+                self._warn_disabled()
             return
         for mm in graph.matmuls():
             if mm.cls.device != self.device.name:
                 continue
-            spec = matmul_spec(mm)
+            spec = matmul_spec(mm, self.allow_tf32)
             if isinstance(spec, str):
                 log("sched", f"{self.device.name}: no cuDNN matmul for {mm.cls.shape} {mm.acc_dtype.name}: {spec}")
                 continue

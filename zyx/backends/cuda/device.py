@@ -81,7 +81,8 @@ def device_info(name: str, device_name: str, attrs: dict[str, int], total_memory
 
 
 class CudaDevice(Device):
-    def __init__(self, pool: CudaPool, cudnn: bool = True) -> None:
+    def __init__(self, pool: CudaPool, cudnn: bool = True, allow_tf32: bool = False,
+                 cudnn_unavailable: str | None = None) -> None:
         self._pool = pool
         self.worker = pool.worker
         self.name = pool.name
@@ -100,7 +101,7 @@ class CudaDevice(Device):
         if cudnn:
             from zyx.backends.cuda.cudnn import CudnnMatmul
 
-            self._cudnn = CudnnMatmul(self)
+            self._cudnn = CudnnMatmul(self, allow_tf32, cudnn_unavailable)
 
     def __repr__(self) -> str:
         return f"CudaDevice({self.name}, {self._info.extra.get('device_name', '?')}, {self.arch})"

@@ -12,8 +12,9 @@ Invariants:
 - ``execute`` queues the matmul on the handle's emulated stream, so it is ordered with kernels exactly as cuDNN's
   would be; it checks every operand range and the workspace against the emulated memory (a fault is an illegal
   address), reads the operands with their strides and dtypes, multiplies in the compute type (float32), rounds to
-  the output dtype and writes C with its strides. It is a reference, not cuDNN: speed and cuDNN's own rounding
-  order are not emulated.
+  the output dtype and writes C with its strides. float32 inputs are rounded to TF32 first unless the
+  ``TENSOR_CORE`` numerical note was deselected, as cuDNN's tensor-core engines do. It is a reference, not
+  cuDNN: speed and cuDNN's own rounding order are not emulated.
 """
 
 from __future__ import annotations
@@ -44,6 +45,21 @@ class heur_mode(enum.Enum):  # noqa: N801 - the frontend's name
     A = "A"
     B = "B"
     FALLBACK = "FALLBACK"
+
+
+class numerical_note(enum.Enum):  # noqa: N801 - the frontend's name
+    TENSOR_CORE = "TENSOR_CORE"
+    DOWN_CONVERT_INPUTS = "DOWN_CONVERT_INPUTS"
+    REDUCED_PRECISION_REDUCTION = "REDUCED_PRECISION_REDUCTION"
+    NONDETERMINISTIC = "NONDETERMINISTIC"
+
+
+def round_to_tf32(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to TF32 (10 mantissa bits, nearest even), as tensor cores read float32 inputs."""
+    bits = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    finite = (bits & 0x7F800000) != 0x7F800000
+    rounded = (bits + (0xFFF + ((bits >> 13) & 1))) & 0xFFFFE000
+    return np.where(finite, rounded, bits).astype(np.uint32).view(np.float32)
 
 
 _NUMPY = {data_type.FLOAT: np.dtype(np.float32), data_type.HALF: np.dtype(np.float16),
@@ -109,6 +125,7 @@ class Graph:
         self.tensors: list[Tensor] = []
         self.op: tuple[Tensor, Tensor, Tensor] | None = None
         self.validated = False
+        self.deselected: set[numerical_note] = set()
         try:
             import cudnn as real  # the real frontend checks the description when it is installed
         except ImportError:
@@ -169,6 +186,10 @@ class Graph:
     def create_execution_plans(self, modes: list[heur_mode]) -> None:
         pass
 
+    def deselect_numeric_notes(self, notes: list[numerical_note]) -> None:
+        """Engines with these notes are not used: without ``TENSOR_CORE`` float32 runs in full float32."""
+        self.deselected.update(notes)
+
     def check_support(self) -> None:
         pass
 
@@ -190,6 +211,7 @@ class Graph:
         mem = emulator.memory
         name = self.name
         compute = _NUMPY[self.compute]
+        tf32 = a.dtype is data_type.FLOAT and numerical_note.TENSOR_CORE not in self.deselected
 
         def copy(dst: int, src: int, n: int, what: str) -> None:
             fault = guarded_copy(dst, src, n)  # a block freed meanwhile by another stream faults here
@@ -218,7 +240,10 @@ class Graph:
             _, va = fetch(a)
             _, vb = fetch(b)
             raw, out = fetch(c)  # C's own bytes: a strided C keeps what lies between its elements
-            out[...] = np.matmul(va.astype(compute), vb.astype(compute)).astype(out.dtype)
+            xa, xb = va.astype(compute), vb.astype(compute)
+            if tf32:  # a TF32 tensor-core engine: float32 products of inputs rounded to 10 mantissa bits
+                xa, xb = round_to_tf32(xa), round_to_tf32(xb)
+            out[...] = np.matmul(xa, xb).astype(out.dtype)
             copy(ptrs[c.uid], raw.ctypes.data, raw.size, f"tensor {c.name}")
 
         stream.submit(run if emulator.config.run_kernels else _nothing)
@@ -234,6 +259,7 @@ class ReferenceCudnn:
     NOTE = NOTE
     data_type = data_type
     heur_mode = heur_mode
+    numerical_note = numerical_note
 
     def __init__(self, emulator: Any) -> None:
         self.emulator = emulator
