@@ -376,3 +376,25 @@ def test_missing_cudnn_warns_once_at_the_first_matmul_and_the_status_says_so(tmp
                 p.pool.worker.close()
         reg.reset_registry()
         schedule.clear_cache()
+
+
+def test_download_waits_only_for_the_work_its_buffer_depends_on(machine):
+    """A read-back is queued behind its buffer's last writer: a busy unrelated stream does not hold it up."""
+    prog = machine.device.compile_source(AXPB, AXPB_SPEC)
+    x = machine.upload(np.arange(N, dtype=np.float32))
+    y = machine.pool.allocate(N * 4)
+    machine.device.launch(prog, [x, x, y, 2.0, N])
+    np.testing.assert_array_equal(machine.download(y, np.zeros(N, np.float32)), np.arange(N) * 3)
+    w = machine.worker
+    writer = w.call(lambda: w.state.last_writer[y])
+    busy = next(i for i in range(len(w.streams)) if i != writer)
+    gate = w.call(lambda: _gate(machine.emu, w.streams[busy]))
+    got: dict = {}
+    reader = threading.Thread(target=lambda: got.setdefault("y", machine.download(y, np.zeros(N, np.float32))))
+    reader.start()
+    reader.join(10)
+    returned = not reader.is_alive()  # a read-back that drained every stream would still be waiting
+    gate.set()
+    reader.join(10)
+    assert returned, "the read-back waited for an unrelated busy stream"
+    np.testing.assert_array_equal(got["y"], np.arange(N) * 3)

@@ -5,9 +5,9 @@ Invariants:
   hears of a buffer only at ``allocate`` and when its count reaches zero (``Worker.free``), after which the memory
   is reused only once every stream that used the buffer passed barrier events recorded behind that use.
 - ``host_to_pool`` returns once the source bytes were copied into pinned staging memory, so the caller may reuse
-  the source; the device copy itself joins the worker's window. ``pool_to_host`` is a sync point: it raises the
-  first asynchronous error since the last sync point, and raises rather than returning the contents of a buffer a
-  failed command should have written.
+  the source; the device copy itself joins the worker's window. ``pool_to_host`` waits only for the work its buffer
+  depends on (the copy is queued behind the buffer's last writer), raises the first error seen since the last
+  sync point, and raises rather than returning the contents of a buffer a failed command should have written.
 - ``pool_to_pool`` is driven by this (destination) pool: same GPU = an async device copy; another GPU = a peer copy
   when the driver allows peer access (a sync point on both GPUs), else staged through host memory; any other pool
   is read into host memory with its ``pool_to_host`` (a disk file straight from its mapping) and uploaded from

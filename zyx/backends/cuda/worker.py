@@ -851,7 +851,8 @@ class Worker:
 
     # ---- read-back and peers -----------------------------------------------------------------------------------
     def _w_download(self, buffer: int, address: int, nbytes: int) -> None:
-        self._w_drain()
+        self._w_flush()  # no drain: the copy queues behind the buffer's last writer and waits for itself only
+        self._w_sweep()
         self._raise_pending()
         buf = self._live(buffer)
         if buf.poison is not None:
@@ -863,7 +864,7 @@ class Worker:
         chunk = min(n, self.config.staging_block)
         blocks = [self.staging.acquire(chunk) for _ in range(1 if n <= chunk else 2)]
         events = [self._event() for _ in blocks]
-        stream = self.streams[0]
+        stream = self.streams[self.state.last_writer.get(buffer, 0)]  # ordered after every write of the buffer
         self._first_use(buf, stream)
         landed = False
         try:
