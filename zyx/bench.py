@@ -405,6 +405,29 @@ def cuda_flush_live_buffers(args) -> Row | None:
     return row
 
 
+@case
+def cuda_upload(args) -> Row | None:
+    """How long ``host_to_pool`` of 256 MiB blocks the caller, beside one host memcpy of the same bytes."""
+    got = _cuda_device()
+    if got is None:
+        return None
+    dev, _ = got
+    pool = dev.pool()
+    n = 256 << 20
+    src = np.random.default_rng(0).integers(0, 255, n, dtype=np.uint8)
+    bid = pool.allocate(n)
+    try:
+        row = Row("cuda: upload 256 MiB, caller blocked", median_ms(lambda: pool.host_to_pool(memoryview(src), bid),
+                                                                     max(args.repeats // 2, 3)),
+                  note="the device copy continues asynchronously")
+        dst = np.empty_like(src)
+        row.refs["host memcpy"] = median_ms(lambda: np.copyto(dst, src), max(args.repeats // 2, 3))
+        pool.sync()
+    finally:
+        pool.release(bid)
+    return row
+
+
 def format_table(rows: list[Row]) -> str:
     refs = sorted({r for row in rows for r in row.refs}, key=lambda r: (["numpy", "torch"].index(r)
                   if r in ("numpy", "torch") else 9, r))

@@ -398,3 +398,19 @@ def test_download_waits_only_for_the_work_its_buffer_depends_on(machine):
     reader.join(10)
     assert returned, "the read-back waited for an unrelated busy stream"
     np.testing.assert_array_equal(got["y"], np.arange(N) * 3)
+
+
+def test_disk_to_cuda_uploads_straight_from_the_file_mapping(tmp_path, monkeypatch):
+    from zyx.backends.disk import DiskPool
+
+    if "cuda:0" not in zyx.registry().placements():
+        pytest.skip("the emulated GPU is off (ZYX_CUDA_EMULATE=0)")
+    data = np.random.default_rng(1).standard_normal((300, 77)).astype(np.float32)
+    zyx.save(str(tmp_path / "t.safetensors"), {"w": zyx.Tensor(data, device="host")})
+
+    def no_staging_copy(self, buffer, out):
+        raise AssertionError("disk -> cuda went through an extra host buffer")
+
+    monkeypatch.setattr(DiskPool, "pool_to_host", no_staging_copy)
+    w = zyx.load(str(tmp_path / "t.safetensors"))["w"]
+    np.testing.assert_array_equal((w.to("cuda") * 1).numpy(), data)

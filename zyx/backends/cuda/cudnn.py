@@ -12,8 +12,9 @@ bfloat16 inputs, a ``LibraryKernel`` running a cuDNN graph built for exactly tha
   contiguously by the scheduler) and the output buffer. Operand offsets into the bases are byte offsets added to
   the pointers (rejected unless 16-byte aligned).
 - Plans are built and run on the GPU's worker thread (the primary context is current there), with one cuDNN handle
-  per stream (``cudnn.set_stream``) and a per-stream workspace from the worker's allocator; execution runs on the
-  stream the worker's assignment chose, so it is ordered with generated kernels like any launch.
+  per stream (``cudnn.set_stream``; all created with the first plan, never in the middle of a flush) and a
+  per-stream workspace from the worker's allocator; execution runs on the stream the worker's assignment chose, so
+  it is ordered with generated kernels like any launch.
 - float32 matmuls use no TF32 tensor cores unless ``"cuda": {"allow_tf32": true}`` (engines with the
   ``TENSOR_CORE`` numerical note are deselected), so cuda and host agree to float32 rounding by default.
 - Whatever cuDNN cannot run (odd strides, unsupported dtype, ``check_support`` failing) adds no alternative: the
@@ -217,6 +218,8 @@ class CudnnPlan:
 def build_plan(worker: Any, spec: MatmulSpec) -> CudnnPlan:
     """(worker thread) Validate and build the cuDNN plan of ``spec``; ``CudnnUnsupported`` when cuDNN declines."""
     cudnn = _cudnn(worker.drv)
+    for si in range(len(worker.streams)):  # every stream's handle now, so that no flush ever creates one
+        stream_handle(worker, si)
     handle = stream_handle(worker, 0)
     g, tensors = describe(spec, cudnn, handle)
     try:

@@ -9,9 +9,9 @@ Invariants:
   depends on (the copy is queued behind the buffer's last writer), raises the first error seen since the last
   sync point, and raises rather than returning the contents of a buffer a failed command should have written.
 - ``pool_to_pool`` is driven by this (destination) pool: same GPU = an async device copy; another GPU = a peer copy
-  when the driver allows peer access (a sync point on both GPUs), else staged through host memory; any other pool
-  is read into host memory with its ``pool_to_host`` (a disk file straight from its mapping) and uploaded from
-  there, never through a Python ``bytes`` of the whole tensor.
+  when the driver allows peer access (a sync point on both GPUs), else staged through host memory; the host pool
+  and a disk file (its memory map) are uploaded straight from their memory (one host copy, into pinned staging);
+  any other pool is read into host memory with its ``pool_to_host`` and uploaded from there.
 """
 
 from __future__ import annotations
@@ -101,8 +101,8 @@ class CudaPool(Pool):
                 self._peer_copy(src_pool, src, dst, n)
                 return
         else:
-            view = getattr(src_pool, "view", None)
-            if callable(view):  # the host pool: upload straight from its memory
+            view = getattr(src_pool, "view", None) or getattr(src_pool, "host_view", None)
+            if callable(view):  # host memory or a disk file's mapping: one copy, into pinned staging
                 self.host_to_pool(memoryview(view(src)[:n]), dst)
                 return
         staged = np.empty(n, np.uint8)  # disk, or a GPU without peer access: through host memory
