@@ -13,6 +13,8 @@ streams, events, frees and kernels, run asynchronously on the CPU.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import random
 import subprocess
@@ -84,6 +86,26 @@ class Machine:
         self.worker.close(timeout=10)
         self.emu.shutdown()
         self.emu.memory.release_all()
+
+
+@contextlib.contextmanager
+def registry_with(tmp_path, config: dict):
+    """The global registry made from ``config`` (the emulator on), and the default one back afterwards."""
+    from zyx.backends import registry as reg
+    from zyx.graph import schedule
+
+    f = tmp_path / "c.json"
+    f.write_text(json.dumps(config))
+    r = reg.reset_registry(f)
+    schedule.clear_cache()  # plans name the programs of the registry they were made with
+    try:
+        yield r
+    finally:
+        for p in r.placements().values():
+            if p.name.startswith("cuda"):
+                p.pool.worker.close()
+        reg.reset_registry()
+        schedule.clear_cache()
 
 
 @pytest.fixture
@@ -296,36 +318,18 @@ def test_cudnn_double_validates_like_cudnn_and_checks_its_operands():
 
 
 def test_config_file_can_ask_for_the_emulator(tmp_path, monkeypatch):
-    from zyx.backends import registry as reg
-
     monkeypatch.delenv("ZYX_CUDA_EMULATE", raising=False)
-    f = tmp_path / "c.json"
-    f.write_text('{"cuda": {"emulate": true, "queues": 3}}')
-    r = reg.Registry(f)
-    try:
+    with registry_with(tmp_path, {"cuda": {"emulate": True, "queues": 3}}) as r:
         assert r.report()["cuda"].startswith("ok (emulated: H200, sm_90"), r.report()
         assert len(r.get("cuda:0").pool.worker.streams) == 3
-    finally:
-        for p in r.placements().values():
-            if p.name.startswith("cuda"):
-                p.pool.worker.close()
 
 
 @pytest.mark.parametrize("allow_tf32", [False, True])
 def test_float32_cudnn_matmul_matches_the_host_unless_tf32_is_allowed(tmp_path, monkeypatch, allow_tf32):
     """``cuda.allow_tf32`` off (the default): float32 matmul on cuda agrees with the host to 1e-5; on: the
     tensor-core engines round the inputs to TF32 (here the double does): errors near 1e-2."""
-    import json
-
-    from zyx.backends import registry as reg
-    from zyx.graph import schedule
-
     monkeypatch.setenv("ZYX_CUDA_EMULATE", "1")
-    f = tmp_path / "c.json"
-    f.write_text(json.dumps({"cuda": {"allow_tf32": allow_tf32, "queues": 2}}))
-    r = reg.reset_registry(f)
-    schedule.clear_cache()  # plans name the programs of the registry they were made with
-    try:
+    with registry_with(tmp_path, {"cuda": {"allow_tf32": allow_tf32, "queues": 2}}):
         rng = np.random.default_rng(5)
         a, b = rng.standard_normal((256, 192)).astype(np.float32), rng.standard_normal((192, 160)).astype(np.float32)
         z = zyx.Tensor(a, device="cuda") @ zyx.Tensor(b, device="cuda")
@@ -338,30 +342,17 @@ def test_float32_cudnn_matmul_matches_the_host_unless_tf32_is_allowed(tmp_path, 
             assert 1e-4 < err < 5e-2, err
         else:
             assert err < 1e-5, err
-    finally:
-        for p in r.placements().values():
-            if p.name.startswith("cuda"):
-                p.pool.worker.close()
-        reg.reset_registry()
-        schedule.clear_cache()
 
 
 def test_missing_cudnn_warns_once_at_the_first_matmul_and_the_status_says_so(tmp_path, monkeypatch):
     import warnings
-
-    from zyx.backends import registry as reg
-    from zyx.graph import schedule
 
     def missing(self):
         raise ImportError("libcudnn.so.9: cannot open shared object file: No such file or directory")
 
     monkeypatch.setattr(EmulatedDriver, "cudnn_frontend", missing)  # the library hidden
     monkeypatch.setenv("ZYX_CUDA_EMULATE", "1")
-    f = tmp_path / "c.json"
-    f.write_text('{"cuda": {"queues": 2}}')
-    r = reg.reset_registry(f)
-    schedule.clear_cache()
-    try:
+    with registry_with(tmp_path, {"cuda": {"queues": 2}}) as r:
         status = r.report()["cuda"]
         assert "cuDNN off" in status and "libcudnn.so.9" in status, status
         a = zyx.Tensor(np.ones((128, 128), np.float32), device="cuda")
@@ -370,12 +361,6 @@ def test_missing_cudnn_warns_once_at_the_first_matmul_and_the_status_says_so(tmp
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # once only
             np.testing.assert_allclose((a @ a.T).numpy(), np.full((128, 128), 128.0))
-    finally:
-        for p in r.placements().values():
-            if p.name.startswith("cuda"):
-                p.pool.worker.close()
-        reg.reset_registry()
-        schedule.clear_cache()
 
 
 def test_download_waits_only_for_the_work_its_buffer_depends_on(machine):
