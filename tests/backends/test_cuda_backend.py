@@ -1324,3 +1324,28 @@ def test_property_place_window_keeps_every_hazard_ordered(case):
         placements += placed
     assert violations(commands, placements, n_streams) == []
     assert vacuous_waits(placements) == []
+
+
+def test_cudnn_libraries_are_loaded_explicitly_or_named_when_missing(monkeypatch):
+    pytest.importorskip("cuda.pathfinder")
+    import cuda.pathfinder as pathfinder
+
+    loaded = []
+
+    def found(name):
+        loaded.append(name)
+
+    monkeypatch.setattr(pathfinder, "load_nvidia_dynamic_lib", found)
+    driver.preload_cudnn_libraries()
+    assert loaded == list(driver.CUDNN_LIBRARIES)
+
+    def missing(name):
+        if name == "cudnn":
+            raise RuntimeError('Failure finding "libcublasLt.so.13": No such file')
+
+    monkeypatch.setattr(pathfinder, "load_nvidia_dynamic_lib", missing)
+    with pytest.raises(ImportError, match=r"libcudnn cannot be loaded .*libcublasLt.*pip install 'zyx\[cuda\]'"):
+        driver.preload_cudnn_libraries()
+    drv = driver.Driver(_StubBindings())
+    with pytest.raises(ImportError, match="libcudnn cannot be loaded"):
+        drv.cudnn_frontend()  # the real bindings: the frontend is imported only after its libraries loaded

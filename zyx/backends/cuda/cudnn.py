@@ -59,7 +59,10 @@ def _cudnn(drv: Any = None):
             return frontend()
         import cudnn
     except ImportError as e:
-        raise CudnnUnavailable(f"nvidia-cudnn-frontend not installed ({e}): pip install 'zyx[cuda]'") from None
+        msg = str(e)
+        if "pip install" not in msg:  # the frontend module itself is missing
+            msg = f"nvidia-cudnn-frontend not installed ({e}): pip install 'zyx[cuda]'"
+        raise CudnnUnavailable(msg) from None
     return cudnn
 
 

@@ -120,11 +120,12 @@ class Driver:
         return check(result, status, context, self.cu)
 
     def cudnn_frontend(self) -> Any:
-        """The cuDNN frontend module for these bindings (``import cudnn`` for the NVIDIA driver); ImportError when
-        it is not installed."""
+        """The cuDNN frontend module for these bindings (``import cudnn`` for the NVIDIA driver, after loading the
+        libraries it needs); ImportError naming what is missing."""
         own = getattr(self.cu, "cudnn_frontend", None)
         if own is not None:
             return own()
+        preload_cudnn_libraries()
         import cudnn  # optional dependency: nvidia-cudnn-frontend
 
         return cudnn
@@ -293,6 +294,24 @@ class Driver:
         """``params``: the address of a ``void*[]`` with one pointer per kernel parameter (0 for none)."""
         self._check(self.cu.cuLaunchKernel(function, grid[0], grid[1], grid[2], block[0], block[1], block[2],
                                      shared_bytes, stream, params, 0), ErrorStatus.LAUNCH, "cuLaunchKernel")
+
+
+CUDNN_LIBRARIES = ("cudart", "cudnn")  # the frontend dlopens these by name; cuDNN's own needs (cuBLASLt) come along
+
+
+def preload_cudnn_libraries() -> None:
+    """Load the CUDA runtime and cuDNN from the pip wheels (or the system) with ``cuda.pathfinder``, so the cuDNN
+    frontend finds them whatever the library search path; ImportError naming the missing library otherwise."""
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+    except ImportError:
+        return  # an older cuda-python: the frontend searches on its own
+    for name in CUDNN_LIBRARIES:
+        try:
+            load_nvidia_dynamic_lib(name)
+        except Exception as e:  # noqa: BLE001 - DynamicLibNotFoundError and friends: say which and how to fix
+            raise ImportError(f"lib{name} cannot be loaded ({e}); install the CUDA libraries with: "
+                              "pip install 'zyx[cuda]'") from None
 
 
 def load_driver(emulate: bool = False) -> Driver:
