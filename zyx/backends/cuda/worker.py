@@ -146,8 +146,9 @@ class _Dead:
 class WorkerConfig:
     queues: int = 12  # streams the windows are spread over
     window: int = 100  # commands per submitted window
-    staging_block: int = 32 << 20  # largest pinned staging block (host copies are chunked to it)
-    staging_limit: int = 256 << 20  # pinned bytes in flight before a host copy waits for the GPU
+    staging_block: int = 32 << 20  # pinned block size of read-backs (two, alternating, so copies overlap)
+    staging_limit: int = 256 << 20  # pinned bytes in flight before a host copy waits for the GPU; an upload
+    # copies into one block of up to this size (one memcpy blocks the caller; larger uploads are chunked to it)
     idle_flush_s: float | None = 0.0005  # submit a partial window when no command came for this long (None: never)
     poll_s: float = 0.001  # how often finished windows and dead buffers are swept while work is in flight
     sync_each: bool = False  # drain after every command: an asynchronous error then names exactly one kernel
@@ -585,7 +586,7 @@ class Worker:
         full = True
         off = 0
         while off < n:
-            size = min(n - off, self.config.staging_block)
+            size = min(n - off, self.config.staging_limit)
             if self.staging.in_use + size > self.config.staging_limit and self.staging.in_use:
                 if segments:  # hand what is staged to the GPU, then wait for pinned memory to come back
                     self._enqueue(Pending("h2d", name, (), (buffer,), (segments, False)))
