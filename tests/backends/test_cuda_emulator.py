@@ -401,3 +401,37 @@ def test_disk_to_cuda_uploads_straight_from_the_file_mapping(tmp_path, monkeypat
     monkeypatch.setattr(DiskPool, "pool_to_host", no_staging_copy)
     w = zyx.load(str(tmp_path / "t.safetensors"))["w"]
     np.testing.assert_array_equal((w.to("cuda") * 1).numpy(), data)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CUDA-graph replay of cached schedules
+
+
+def test_cached_schedule_replays_as_one_graph_with_the_same_values():
+    """The third run of a cached multi-kernel schedule is one graph launch (captured on the second), over 12
+    streams' worth of independent kernels, and computes what NumPy does every time."""
+    if "cuda:0" not in zyx.registry().placements():
+        pytest.skip("the emulated GPU is off (ZYX_CUDA_EMULATE=0)")
+    worker = zyx.registry().get("cuda:0").pool.worker
+    emu = worker.drv.cu
+    rng = np.random.default_rng(11)
+
+    def step(a: np.ndarray, b: np.ndarray):
+        x, y = zyx.Tensor(a, device="cuda"), zyx.Tensor(b, device="cuda")
+        zyx.realize(x, y)
+        outs = [x.softmax(-1), (y * 2).sum(0), (x.exp() - y).max(1), x.sum() + y.sum()]
+        zyx.realize(*outs)
+        return outs
+
+    before = emu.graph_launches
+    for run in range(4):
+        a, b = rng.standard_normal((24, 40)).astype(np.float32), rng.standard_normal((24, 40)).astype(np.float32)
+        outs = step(a, b)
+        e = np.exp(a - a.max(-1, keepdims=True))
+        want = [e / e.sum(-1, keepdims=True), (b * 2).sum(0), (np.exp(a) - b).max(1), a.sum() + b.sum()]
+        for got, w in zip(outs, want):
+            np.testing.assert_allclose(got.numpy(), w, rtol=2e-5, atol=2e-5)
+        if run == 0:
+            assert emu.graph_launches == before  # first sighting: launched one by one
+    assert emu.graph_launches - before >= 3  # runs 2-4: captured once, then replayed
+    assert any(len(rec.nodes) >= 4 for rec in worker.graphs.values())

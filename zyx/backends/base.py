@@ -94,6 +94,12 @@ class Device(ABC):
     def launch(self, program: ProgramId, args: Sequence[int]) -> None:
         """Run ``program``: one int per kernel parameter (a BufferId of this pool, or a scalar value)."""
 
+    def launch_batch(self, key: object, launches: Sequence[tuple[ProgramId, Sequence[int]]]) -> None:
+        """Run ``launches`` in order, as one batch that may recur under ``key`` (a cached schedule with new
+        buffers): a device may replay a recurring batch as one unit (CUDA graphs). Default: one by one."""
+        for program, args in launches:
+            self.launch(program, args)
+
     @abstractmethod
     def launch_timed(self, program: ProgramId, args: Sequence[int]) -> int:
         """Drain pending work, then run ``program`` alone and return its time in nanoseconds."""

@@ -7,10 +7,13 @@ Invariants:
 - Which classes are stored and which kernels compute them is ``zyx.graph.fuse``'s decision; steps run in
   dependency-depth order.
 - Outputs receive their buffers only after every launch of the plan was issued without error.
+- A plan whose steps are all launches on one device that batches (CUDA) is issued as one ``launch_batch`` under
+  the plan's key, so a replayed plan can run as one captured graph.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -40,6 +43,9 @@ class Step:
         return f"Step({self.kind}, {self.name!r} on {self.device})"
 
 
+_plan_keys = itertools.count(1)
+
+
 @dataclass
 class Plan:
     n_leaves: int
@@ -49,6 +55,17 @@ class Plan:
     outputs: list[int]
     n_slots: int
     aliases: list[tuple[int, int]] = field(default_factory=list)  # (slot, slot whose buffer it shares)
+    key: int = field(default_factory=lambda: next(_plan_keys))  # names the plan's launches as one recurring batch
+
+    @property
+    def batch_device(self):
+        """The device running every step, when all are launches (generated or library) on one device."""
+        devs = {id(st.dev) for st in self.steps}
+        if len(self.steps) < 2 or len(devs) != 1 or any(st.kind == "copy" for st in self.steps):
+            return None
+        dev = self.steps[0].dev
+        # only a device that does something with a batch: the default loop would lose release_after's early frees
+        return dev if type(dev).launch_batch is not Device.launch_batch else None
 
 
 _plans: OrderedDict = OrderedDict()
@@ -209,6 +226,13 @@ def realize(outputs: list[Class]) -> None:
         table[s] = Buffer(pool, pool.allocate(nbytes), nbytes, device)
     pending = _resolve_aliases(p.aliases, table)
     STATS["realizes"] += 1
+    if p.batch_device is not None and not pending:  # every step a launch on one device: one batch
+        launches = [(st.program, [a.id if isinstance(a, Buffer) else a for a in map(table.__getitem__, st.args)])
+                    for st in p.steps]
+        p.batch_device.launch_batch(p.key, launches)
+        for c, s in zip(outs, p.outputs):
+            c.set_buffer(table[s])
+        return
     for st, rel in zip(p.steps, p.release_after):
         if st.kind == "copy":
             table[st.args[1]] = _copy(st, table[st.args[0]])

@@ -211,6 +211,20 @@ class CudaDevice(Device):
             STATS["library_launches"] += 1
         self.worker.launch(program, args)
 
+    def launch_batch(self, key: object, launches: Sequence[tuple[ProgramId, Sequence[int]]]) -> None:
+        """The batch joins the worker's window; from its second run with the same structure it is one CUDA graph
+        launch (``Worker.replay``)."""
+        for program, args in launches:
+            kinds = self._kinds.get(program)
+            if kinds is None:
+                raise BackendError(ErrorStatus.LAUNCH, f"{self.name}: launch of unknown program {program}")
+            if len(args) != len(kinds):
+                raise BackendError(ErrorStatus.LAUNCH, f"{self.name}: kernel {self._names[program]} takes "
+                                   f"{len(kinds)} arguments, got {len(args)}")
+        STATS["launches"] += len(launches)
+        STATS["library_launches"] += sum(1 for program, _ in launches if program in self._library)
+        self.worker.replay(key, launches)
+
     def launch_timed(self, program: ProgramId, args: Sequence[int]) -> int:
         if program not in self._kinds:
             raise BackendError(ErrorStatus.LAUNCH, f"{self.name}: timed launch of unknown program {program}")

@@ -295,6 +295,46 @@ class Driver:
         self._check(self.cu.cuLaunchKernel(function, grid[0], grid[1], grid[2], block[0], block[1], block[2],
                                      shared_bytes, stream, params, 0), ErrorStatus.LAUNCH, "cuLaunchKernel")
 
+    # ---- graphs ----------------------------------------------------------------------------------------------
+    def _node_params(self, function: int, grid: tuple[int, int, int], block: tuple[int, int, int],
+                     shared_bytes: int, params: int) -> Any:
+        p = self.cu.CUDA_KERNEL_NODE_PARAMS()
+        p.func = self.cu.CUfunction(function)
+        p.gridDimX, p.gridDimY, p.gridDimZ = grid
+        p.blockDimX, p.blockDimY, p.blockDimZ = block
+        p.sharedMemBytes = shared_bytes
+        p.kernelParams = params
+        p.extra = 0
+        return p
+
+    def graph_create(self) -> int:
+        return int(self._check(self.cu.cuGraphCreate(0), ErrorStatus.LAUNCH, "cuGraphCreate"))
+
+    def graph_add_kernel(self, graph: int, deps: list[int], function: int, grid: tuple[int, int, int],
+                         block: tuple[int, int, int], shared_bytes: int, params: int) -> int:
+        """A kernel node after ``deps``; its parameter values are copied from ``params`` now."""
+        nodes = [self.cu.CUgraphNode(d) for d in deps]
+        return int(self._check(self.cu.cuGraphAddKernelNode(graph, nodes, len(nodes), self._node_params(
+            function, grid, block, shared_bytes, params)), ErrorStatus.LAUNCH, "cuGraphAddKernelNode"))
+
+    def graph_instantiate(self, graph: int) -> int:
+        return int(self._check(self.cu.cuGraphInstantiate(graph, 0), ErrorStatus.LAUNCH, "cuGraphInstantiate"))
+
+    def graph_exec_set_kernel(self, graph_exec: int, node: int, function: int, grid: tuple[int, int, int],
+                              block: tuple[int, int, int], shared_bytes: int, params: int) -> None:
+        """New parameter values (copied from ``params`` now) for the next launches of ``graph_exec``."""
+        self._check(self.cu.cuGraphExecKernelNodeSetParams(graph_exec, node, self._node_params(
+            function, grid, block, shared_bytes, params)), ErrorStatus.LAUNCH, "cuGraphExecKernelNodeSetParams")
+
+    def graph_launch(self, graph_exec: int, stream: int) -> None:
+        self._check(self.cu.cuGraphLaunch(graph_exec, stream), ErrorStatus.LAUNCH, "cuGraphLaunch")
+
+    def graph_exec_destroy(self, graph_exec: int) -> None:
+        self._check(self.cu.cuGraphExecDestroy(graph_exec), ErrorStatus.DEALLOCATION, "cuGraphExecDestroy")
+
+    def graph_destroy(self, graph: int) -> None:
+        self._check(self.cu.cuGraphDestroy(graph), ErrorStatus.DEALLOCATION, "cuGraphDestroy")
+
 
 CUDNN_LIBRARIES = ("cudart", "cudnn")  # the frontend dlopens these by name; cuDNN's own needs (cuBLASLt) come along
 

@@ -113,7 +113,7 @@ class DeviceBuffer:
 class Pending:
     """One command of the unsubmitted window: what it reads and writes (buffer ids) and how to submit it."""
 
-    kind: str  # "launch", "h2d", "d2d", "peer"
+    kind: str  # "launch", "graph", "h2d", "d2d", "peer"
     name: str
     reads: tuple[int, ...]
     writes: tuple[int, ...]
@@ -131,6 +131,18 @@ class Window:
     deps: list[int] = field(default_factory=list)  # dependency events, back to the free list on completion
     keep: list[Any] = field(default_factory=list)  # arg packs (reused) and anything else the GPU reads
     staging: list[Staging] = field(default_factory=list)
+
+
+@dataclass
+class GraphRecord:
+    """A captured batch: its executable graph, one node and one argument block per kernel, in batch order."""
+
+    signature: tuple
+    graph: int
+    exec: int
+    nodes: list[int]
+    packs: list[ArgPack]
+    programs: list[_Kernel]
 
 
 @dataclass
@@ -156,6 +168,7 @@ class WorkerConfig:
     # "raw" / "war" drop read-after-write / write-after-read waits, "free" frees dead buffers at once instead of
     # behind barrier events
     unsafe: frozenset[str] = frozenset()
+    graphs: bool = True  # a batch of kernels seen twice with the same structure replays as one CUDA graph
 
 
 _STOP = object()
@@ -190,6 +203,8 @@ class Worker:
         self.fatal: BackendError | None = None  # set by a sticky error: the context is unusable
         self.trace: list[tuple[int, list[tuple[str, int, tuple[int, ...]]]]] | None = None
         self.library_state: dict[str, Any] = {}  # per-worker state of library code (cuDNN handles)
+        self.graphs: dict[Any, GraphRecord] = {}  # batch key -> its captured graph
+        self._batch_seen: dict[Any, tuple] = {}  # batch key -> the signature it had when last launched
         self.workspaces: dict[int, tuple[int, int]] = {}  # stream index -> (ptr, size)
         self.held = 0  # bytes reserved for live and dead buffers and workspaces
         self.base_free = 0
@@ -293,6 +308,12 @@ class Worker:
 
     def launch_timed(self, program: int, args: Sequence[int | float]) -> int:
         return self.call(self._w_launch_timed, program, tuple(args))
+
+    def replay(self, key: Any, launches: Sequence[tuple[int, Sequence[int | float]]]) -> None:
+        """Launch a batch of kernels that may recur under ``key`` (a cached schedule): the second time it comes with
+        the same structure it is captured as a CUDA graph, and from then on it is one graph launch with its
+        kernel arguments updated in place. Ordered like the same launches one by one."""
+        self.post(self._w_batch, key, [(pid, tuple(args)) for pid, args in launches])
 
     def release_program(self, program: int) -> None:
         self.post(self._w_release_program, program)
@@ -599,6 +620,119 @@ class Worker:
         if segments:
             self._enqueue(Pending("h2d", name, (), (buffer,), (segments, full and n == buf.nbytes)))
 
+    # ---- graphs ------------------------------------------------------------------------------------------------
+    def _w_batch(self, key: Any, launches: list[tuple[int, tuple]]) -> None:
+        progs = [self.programs.get(pid) for pid, _ in launches]
+        if (not self.config.graphs or self.config.sync_each or self.fatal is not None or len(launches) < 2
+                or not all(isinstance(p, _Kernel) and len(a) == len(p.kinds) for p, (_, a) in zip(progs, launches))):
+            for pid, args in launches:
+                self._w_launch(pid, args)
+            return
+        sig = self._signature(launches, progs)
+        rec = self.graphs.get(key)
+        if rec is not None and rec.signature != sig:
+            self._forget_graph(key)
+            rec = None
+        if rec is None:
+            if self._batch_seen.get(key) != sig:  # first sighting of this structure: one by one
+                self._batch_seen[key] = sig
+                for pid, args in launches:
+                    self._w_launch(pid, args)
+                return
+            rec = self._capture(key, sig, launches, progs)
+        else:
+            self._update_graph(rec, launches)
+        reads, writes = self._batch_buffers(launches, progs)
+        names = ", ".join(dict.fromkeys(p.name for p in progs))
+        self._enqueue(Pending("graph", f"graph of {len(launches)} kernels ({names[:200]})", reads, writes, rec))
+
+    @staticmethod
+    def _signature(launches: list[tuple[int, tuple]], progs: list) -> tuple:
+        """Programs and which buffer arguments are the same buffer (scalar values may change between runs)."""
+        first: dict[int, int] = {}
+        out = []
+        for (pid, args), prog in zip(launches, progs):
+            pattern = tuple(None if f is not None else first.setdefault(a, len(first))
+                            for a, f in zip(args, prog.spec.formats))
+            out.append((pid, pattern))
+        return tuple(out)
+
+    @staticmethod
+    def _batch_buffers(launches: list[tuple[int, tuple]], progs: list) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(buffers the batch reads before writing them, every buffer it writes)."""
+        reads: dict[int, None] = {}
+        writes: dict[int, None] = {}
+        for (_, args), prog in zip(launches, progs):
+            for i in prog.ins:
+                if args[i] not in writes:
+                    reads[args[i]] = None
+            for i in prog.outs:
+                writes[args[i]] = None
+        return tuple(reads), tuple(writes)
+
+    def _values(self, prog: _Kernel, args: tuple) -> list:
+        buffers = self.buffers
+        for a, f in zip(args, prog.spec.formats):
+            if f is None:
+                self._live(a)
+        return [buffers[a].ptr if f is None else a for a, f in zip(args, prog.spec.formats)]
+
+    def _capture(self, key: Any, sig: tuple, launches: list[tuple[int, tuple]], progs: list) -> GraphRecord:
+        """A graph of the batch: node i depends on the nodes it conflicts with (RAW, WAR, WAW) before it, so the
+        independent kernels stay concurrent."""
+        drv = self.drv
+        last_writer: dict[int, int] = {}
+        readers: dict[int, list[int]] = {}
+        graph = drv.graph_create()
+        nodes: list[int] = []
+        packs: list[ArgPack] = []
+        for i, ((_, args), prog) in enumerate(zip(launches, progs)):
+            deps: set[int] = set()
+            for j in prog.ins:
+                if args[j] in last_writer:
+                    deps.add(last_writer[args[j]])
+            for j in prog.outs:
+                b = args[j]
+                if b in last_writer:
+                    deps.add(last_writer[b])
+                deps.update(readers.get(b, ()))
+            for j in prog.ins:
+                readers.setdefault(args[j], []).append(i)
+            for j in prog.outs:
+                last_writer[args[j]] = i
+                readers[args[j]] = []
+            deps.discard(i)
+            spec = prog.spec
+            pack = ArgPack(len(spec.formats)).fill(spec.formats, self._values(prog, args))
+            nodes.append(drv.graph_add_kernel(graph, [nodes[d] for d in sorted(deps)], prog.function, spec.grid,
+                                              spec.block, spec.shared_bytes, pack.address))
+            packs.append(pack)
+        rec = GraphRecord(sig, graph, drv.graph_instantiate(graph), nodes, packs, list(progs))
+        self.graphs[key] = rec
+        log("launch", f"{self.name}: captured a graph of {len(nodes)} kernels")
+        return rec
+
+    def _update_graph(self, rec: GraphRecord, launches: list[tuple[int, tuple]]) -> None:
+        drv = self.drv
+        for (_, args), prog, node, pack in zip(launches, rec.programs, rec.nodes, rec.packs):
+            spec = prog.spec
+            pack.fill(spec.formats, self._values(prog, args))  # the driver copies the values at once
+            drv.graph_exec_set_kernel(rec.exec, node, prog.function, spec.grid, spec.block, spec.shared_bytes,
+                                      pack.address)
+
+    def _forget_graph(self, key: Any) -> None:
+        """Destroy ``key``'s graph once its launches are done."""
+        rec = self.graphs.pop(key, None)
+        self._batch_seen.pop(key, None)
+        if rec is None:
+            return
+        if any(p.kind == "graph" and p.payload is rec for p in self.pending):
+            self._w_flush()
+        self._w_drain()
+        if self.fatal is None:
+            self.drv.graph_exec_destroy(rec.exec)
+            self.drv.graph_destroy(rec.graph)
+
     # ---- submission --------------------------------------------------------------------------------------------
     def _w_flush(self) -> None:
         """Submit the pending window: place it on the streams, add the event waits, launch, record completion."""
@@ -709,6 +843,16 @@ class Worker:
                 prog.program.run(self, si, pointers)
             if debug_on("launch"):
                 log("launch", f"{self.name} stream {si}: {p.name}")
+        elif p.kind == "graph":
+            rec = p.payload
+            for b in p.reads:
+                cause = buffers[b].poison
+                if cause is not None:
+                    self._poison(p.writes, f"{p.name} was skipped because its input holds no valid data: {cause}")
+                    return
+            for prog in rec.programs:
+                prog.streams.add(si)
+            drv.graph_launch(rec.exec, stream)
         elif p.kind == "h2d":
             segments, full = p.payload
             dst = buffers[p.writes[0]]
@@ -747,10 +891,10 @@ class Worker:
                 buf.poison = cause
 
     def _command_failed(self, p: Pending, e: BackendError) -> None:
-        what = "kernel" if p.kind == "launch" else "copy"
+        what = {"launch": "kernel", "graph": "graph"}.get(p.kind, "copy")
         msg = f"{self.name}: {what} {p.name!r} could not be submitted: {e.context}"
         self._poison(p.writes, msg)
-        self._note(BackendError(ErrorStatus.LAUNCH if p.kind == "launch" else ErrorStatus.COPY, msg))
+        self._note(BackendError(ErrorStatus.LAUNCH if p.kind in ("launch", "graph") else ErrorStatus.COPY, msg))
 
     def _async_failure(self, e: DriverError) -> None:
         """An event query / synchronize / submission reported an asynchronous error: blame every command of the
@@ -971,6 +1115,8 @@ class Worker:
         prog = self.programs.pop(program, None)
         if prog is None:
             return
+        for key in [k for k, rec in self.graphs.items() if any(q is prog for q in rec.programs)]:
+            self._forget_graph(key)
         if any(p.kind == "launch" and p.payload[0] is prog for p in self.pending):
             self._w_flush()
         if self.fatal is not None:

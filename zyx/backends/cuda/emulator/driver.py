@@ -37,6 +37,9 @@ CUstream_flags = _cu.CUstream_flags
 CUmemPool_attribute = _cu.CUmemPool_attribute
 CUfunction_attribute = _cu.CUfunction_attribute
 cuuint64_t = _cu.cuuint64_t
+CUDA_KERNEL_NODE_PARAMS = _cu.CUDA_KERNEL_NODE_PARAMS
+CUfunction = _cu.CUfunction
+CUgraphNode = _cu.CUgraphNode
 CUresult = R
 
 # What a real H200 reports (cuDeviceGetAttribute names without the prefix).
@@ -108,6 +111,17 @@ class _Module:
 
 
 @dataclass
+class _Node:
+    """A kernel node of a graph: what to launch, with its parameter values copied when it was set."""
+
+    function: int
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared: int
+    values: list[bytes]
+
+
+@dataclass
 class _Function:
     module: int
     kernel: Any  # kernels.KernelFunction
@@ -154,6 +168,9 @@ class EmulatedDriver:
     CUmemPool_attribute = CUmemPool_attribute
     CUfunction_attribute = CUfunction_attribute
     cuuint64_t = cuuint64_t
+    CUDA_KERNEL_NODE_PARAMS = CUDA_KERNEL_NODE_PARAMS
+    CUfunction = CUfunction
+    CUgraphNode = CUgraphNode
 
     def __init__(self, config: EmulatorConfig | None = None) -> None:
         self.config = config or EmulatorConfig()
@@ -172,6 +189,9 @@ class EmulatedDriver:
         self._blocks: dict[int, Block] = {}  # live or pending allocations by pointer
         self._stream_seeds = itertools.count(1)
         self._cudnn: Any = None
+        self._graphs: dict[int, dict[int, _Node]] = {}  # graph -> its nodes in insertion (topological) order
+        self._execs: dict[int, dict[int, _Node]] = {}  # executable graph -> its own copies of the nodes
+        self.graph_launches = 0
         self.faults: list[str] = []  # every sticky error's detail, in order (tests, debug log)
 
     @property
@@ -591,6 +611,42 @@ class EmulatedDriver:
             return True
         return shared > max(a["MAX_SHARED_MEMORY_PER_BLOCK"], fn.max_dynamic_shared)
 
+    def _launch_checks(self, fn: _Function, grid: tuple[int, int, int], block: tuple[int, int, int],
+                       shared: int, params: Any) -> tuple | None:
+        """The error of an invalid launch (geometry, missing parameters), or None."""
+        key = (grid, block, shared)
+        if key not in fn.checked:
+            if self._geometry_error(grid, block, shared, fn):
+                log("launch", f"cuda emulator: {fn.kernel.name}: launch geometry grid={grid} block={block} "
+                              f"shared={shared} exceeds the device limits")
+                return _err("CUDA_ERROR_INVALID_VALUE")
+            fn.checked.add(key)
+        if fn.kernel.param_sizes and not params:
+            return _err("CUDA_ERROR_INVALID_VALUE")
+        return None
+
+    @staticmethod
+    def _snapshot(fn: _Function, params: Any) -> list[bytes]:
+        """The parameter values behind a ``void*[]`` (copied now, as the driver does)."""
+        sizes = fn.kernel.param_sizes
+        if not sizes:
+            return []
+        slots = (ctypes.c_void_p * len(sizes)).from_address(int(params))
+        return [ctypes.string_at(slots[i], n) for i, n in enumerate(sizes)]
+
+    def _kernel_op(self, fn: _Function, grid: tuple[int, int, int], block: tuple[int, int, int], shared: int,
+                   values: list[bytes], stream_name: str):
+        kernel, mem = fn.kernel, self.memory
+
+        def run() -> None:
+            fault = kernel.run(values, grid, block, shared)
+            if fault is not None:
+                where = f" at {fault.address:#x} ({mem.describe(fault.address)})" if fault.kind == "address" else ""
+                raise StreamFault(_FAULT_RESULTS.get(fault.kind, "CUDA_ERROR_LAUNCH_FAILED"),
+                                  f"kernel {kernel.name!r} on {stream_name}: {fault.detail}{where}")
+
+        return run
+
     def cuLaunchKernel(self, function: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shared: int,
                        stream: int, params: Any, extra: Any) -> tuple:
         fn, s = self._functions.get(int(function)), self._stream(stream)
@@ -599,35 +655,90 @@ class EmulatedDriver:
         if (err := self._sticky(s.ctx)) is not None:
             return err
         grid, block = (int(gx), int(gy), int(gz)), (int(bx), int(by), int(bz))
-        key = (grid, block, int(shared))
-        if key not in fn.checked and self._geometry_error(grid, block, int(shared), fn):
-            log("launch", f"cuda emulator: {fn.kernel.name}: launch geometry grid={grid} block={block} "
-                          f"shared={shared} exceeds the device limits")
-            return _err("CUDA_ERROR_INVALID_VALUE")
-        fn.checked.add(key)
-        sizes = fn.kernel.param_sizes
-        if sizes and not params:
-            return _err("CUDA_ERROR_INVALID_VALUE")
+        if (err := self._launch_checks(fn, grid, block, int(shared), params)) is not None:
+            return err
         if not self.config.run_kernels:  # host-overhead mode: ordered, never read
             s.submit(_nothing)
             return OK
-        values = []
-        if sizes:
-            slots = (ctypes.c_void_p * len(sizes)).from_address(int(params))
-            values = [ctypes.string_at(slots[i], n) for i, n in enumerate(sizes)]  # snapshot, as the driver does
-        kernel = fn.kernel
-        name = kernel.name
-        mem = self.memory
+        s.submit(self._kernel_op(fn, grid, block, int(shared), self._snapshot(fn, params), s.name))
+        return OK
 
-        def run() -> None:
-            fault = kernel.run(values, grid, block, int(shared))
-            if fault is not None:
-                where = f" at {fault.address:#x} ({mem.describe(fault.address)})" if fault.kind == "address" else ""
-                raise StreamFault(_FAULT_RESULTS.get(fault.kind, "CUDA_ERROR_LAUNCH_FAILED"),
-                                  f"kernel {name!r} on {s.name}: {fault.detail}{where}")
+    # ---- graphs ----------------------------------------------------------------------------------------------------
+    def _node(self, p: Any) -> tuple[tuple | None, _Node | None]:
+        fn = self._functions.get(int(p.func))
+        if fn is None:
+            return _err("CUDA_ERROR_INVALID_HANDLE"), None
+        grid = (int(p.gridDimX), int(p.gridDimY), int(p.gridDimZ))
+        block = (int(p.blockDimX), int(p.blockDimY), int(p.blockDimZ))
+        shared = int(p.sharedMemBytes)
+        params = int(p.kernelParams)
+        if (err := self._launch_checks(fn, grid, block, shared, params)) is not None:
+            return err, None
+        values = self._snapshot(fn, params) if self.config.run_kernels else []
+        return None, _Node(int(p.func), grid, block, shared, values)
+
+    def cuGraphCreate(self, flags: int) -> tuple:
+        handle = next(self._ids)
+        self._graphs[handle] = {}
+        return R.CUDA_SUCCESS, handle
+
+    def cuGraphAddKernelNode(self, graph: int, deps: Any, n: int, params: Any) -> tuple:
+        nodes = self._graphs.get(int(graph))
+        if nodes is None:
+            return _err("CUDA_ERROR_INVALID_HANDLE") + (0,)
+        if any(int(d) not in nodes for d in list(deps or ())[: int(n)]):
+            return _err("CUDA_ERROR_INVALID_VALUE") + (0,)  # a dependency must be a node of this graph
+        err, node = self._node(params)
+        if node is None:
+            return err + (0,)
+        handle = next(self._ids)
+        nodes[handle] = node  # dependencies come first: insertion order is a topological order
+        return R.CUDA_SUCCESS, handle
+
+    def cuGraphInstantiate(self, graph: int, flags: int) -> tuple:
+        nodes = self._graphs.get(int(graph))
+        if nodes is None:
+            return _err("CUDA_ERROR_INVALID_HANDLE") + (0,)
+        handle = next(self._ids)
+        self._execs[handle] = {h: _Node(n.function, n.grid, n.block, n.shared, list(n.values))
+                               for h, n in nodes.items()}
+        return R.CUDA_SUCCESS, handle
+
+    def cuGraphExecKernelNodeSetParams(self, graph_exec: int, node: int, params: Any) -> tuple:
+        nodes = self._execs.get(int(graph_exec))
+        if nodes is None or int(node) not in nodes:
+            return _err("CUDA_ERROR_INVALID_HANDLE")
+        err, new = self._node(params)
+        if new is None:
+            return err
+        nodes[int(node)] = new  # later launches only: a queued launch holds the values it was given
+        return OK
+
+    def cuGraphLaunch(self, graph_exec: int, stream: int) -> tuple:
+        nodes, s = self._execs.get(int(graph_exec)), self._stream(stream)
+        if nodes is None or s is None:
+            return _err("CUDA_ERROR_INVALID_HANDLE")
+        if (err := self._sticky(s.ctx)) is not None:
+            return err
+        self.graph_launches += 1
+        if not self.config.run_kernels:
+            s.submit(_nothing)
+            return OK
+        ops = [self._kernel_op(self._functions[n.function], n.grid, n.block, n.shared, n.values, s.name)
+               for n in nodes.values()]
+
+        def run() -> None:  # one topological order of the graph: every dependency honoured
+            for op in ops:
+                op()
 
         s.submit(run)
         return OK
+
+    def cuGraphExecDestroy(self, graph_exec: int) -> tuple:
+        return OK if self._execs.pop(int(graph_exec), None) is not None else _err("CUDA_ERROR_INVALID_HANDLE")
+
+    def cuGraphDestroy(self, graph: int) -> tuple:
+        return OK if self._graphs.pop(int(graph), None) is not None else _err("CUDA_ERROR_INVALID_HANDLE")
 
     # ---- libraries -------------------------------------------------------------------------------------------------
     def cudnn_frontend(self) -> Any:
