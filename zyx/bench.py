@@ -406,6 +406,49 @@ def cuda_flush_live_buffers(args) -> Row | None:
 
 
 @case
+def cuda_graph_replay(args) -> Row | None:
+    """A cached 1,000-kernel batch (a dependent chain) replayed as one CUDA graph, beside the same launches one
+    by one."""
+    got = _cuda_device()
+    if got is None:
+        return None
+    dev, prog = got
+    pool = dev.pool()
+    n = 1000
+    bufs = [pool.allocate(4) for _ in range(4)]
+    sets = [[(prog, [bufs[k + i % 2], bufs[k + (i + 1) % 2]]) for i in range(n)] for k in (0, 2)]
+    launches = sets[0]
+    key, moving = object(), object()
+    turn = [0]
+
+    def replay():
+        dev.launch_batch(key, launches)
+        dev.sync()
+
+    def replay_new_buffers():  # every kernel's arguments change: each node is updated before the launch
+        turn[0] ^= 1
+        dev.launch_batch(moving, sets[turn[0]])
+        dev.sync()
+
+    def one_by_one():
+        for program, a in launches:
+            dev.launch(program, a)
+        dev.sync()
+
+    try:
+        ms = median_ms(replay, max(args.repeats, 10), warmup=3)  # the first two runs launch, then capture
+        moved = median_ms(replay_new_buffers, max(args.repeats, 10), warmup=3)
+        row = Row(f"cuda: replay of a cached {n:,}-kernel schedule + sync", ms,
+                  note=f"{n / ms * 1e3:,.0f} kernels/s equivalent, one graph launch; with new buffers every "
+                       f"replay {moved:.2f} ms, {n / moved * 1e3:,.0f} kernels/s")
+        row.refs["one by one"] = median_ms(one_by_one, max(args.repeats, 10), warmup=1)
+    finally:
+        for b in bufs:
+            pool.release(b)
+    return row
+
+
+@case
 def cuda_upload(args) -> Row | None:
     """How long ``host_to_pool`` of 256 MiB blocks the caller, beside one host memcpy of the same bytes."""
     got = _cuda_device()

@@ -435,3 +435,24 @@ def test_cached_schedule_replays_as_one_graph_with_the_same_values():
             assert emu.graph_launches == before  # first sighting: launched one by one
     assert emu.graph_launches - before >= 3  # runs 2-4: captured once, then replayed
     assert any(len(rec.nodes) >= 4 for rec in worker.graphs.values())
+
+
+def test_graph_replay_follows_changed_arguments_and_releasing_a_kernel_drops_its_graph(machine):
+    prog = machine.device.compile_source(AXPB, AXPB_SPEC)
+    xs = [machine.upload(np.full(N, float(i), np.float32)) for i in range(4)]
+    outs = [machine.pool.allocate(N * 4) for _ in range(4)]
+    emu = machine.emu
+    for run in range(4):
+        alpha = float(run + 1)
+        # out0 = x0*a + x1; out1 = out0*a + x2 (depends on out0); out2 = x3*a + x3 (independent)
+        batch = [(prog, [xs[0], xs[1], outs[0], alpha, N]), (prog, [outs[0], xs[2], outs[1], alpha, N]),
+                 (prog, [xs[3], xs[3], outs[2], alpha, N])]
+        machine.device.launch_batch("step", batch)
+        o0 = 0 * alpha + 1
+        want = [o0, o0 * alpha + 2, 3 * alpha + 3]
+        for o, w in zip(outs, want):
+            np.testing.assert_array_equal(machine.download(o, np.zeros(N, np.float32)), np.full(N, w, np.float32))
+    assert emu.graph_launches == 3  # run 0 one by one; run 1 captured and launched; runs 2, 3 replayed
+    assert machine.worker.call(lambda: len(machine.worker.graphs)) == 1
+    machine.device.release(prog)
+    assert machine.worker.call(lambda: len(machine.worker.graphs)) == 0

@@ -111,6 +111,7 @@ class Driver:
         self.cu = bindings if bindings is not None else _bindings()
         cu = self.cu
         self.note: str = getattr(cu, "note", "")  # what these bindings are, when not the NVIDIA driver
+        self._structs: dict[tuple, Any] = {}
         self._attr = cu.CUdevice_attribute
         self._event_timing = int(cu.CUevent_flags.CU_EVENT_DEFAULT)
         self._event_no_timing = int(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)
@@ -298,7 +299,14 @@ class Driver:
     # ---- graphs ----------------------------------------------------------------------------------------------
     def _node_params(self, function: int, grid: tuple[int, int, int], block: tuple[int, int, int],
                      shared_bytes: int, params: int) -> Any:
-        p = self.cu.CUDA_KERNEL_NODE_PARAMS()
+        """The node-parameter struct (built once per distinct launch: the values are read through ``params``)."""
+        key = (function, grid, block, shared_bytes, params)
+        p = self._structs.get(key)
+        if p is not None:
+            return p
+        if len(self._structs) > 65536:
+            self._structs.clear()
+        p = self._structs[key] = self.cu.CUDA_KERNEL_NODE_PARAMS()
         p.func = self.cu.CUfunction(function)
         p.gridDimX, p.gridDimY, p.gridDimZ = grid
         p.blockDimX, p.blockDimY, p.blockDimZ = block

@@ -143,7 +143,7 @@ class GraphRecord:
     nodes: list[int]
     packs: list[ArgPack]
     programs: list[_Kernel]
-
+    values: list[list]  # the argument values each node holds now
 
 @dataclass
 class _Dead:
@@ -672,10 +672,13 @@ class Worker:
 
     def _values(self, prog: _Kernel, args: tuple) -> list:
         buffers = self.buffers
-        for a, f in zip(args, prog.spec.formats):
-            if f is None:
-                self._live(a)
-        return [buffers[a].ptr if f is None else a for a, f in zip(args, prog.spec.formats)]
+        try:
+            return [buffers[a].ptr if f is None else a for a, f in zip(args, prog.spec.formats)]
+        except KeyError:
+            for a, f in zip(args, prog.spec.formats):
+                if f is None:
+                    self._live(a)  # raises, naming the buffer
+            raise
 
     def _capture(self, key: Any, sig: tuple, launches: list[tuple[int, tuple]], progs: list) -> GraphRecord:
         """A graph of the batch: node i depends on the nodes it conflicts with (RAW, WAR, WAW) before it, so the
@@ -686,6 +689,7 @@ class Worker:
         graph = drv.graph_create()
         nodes: list[int] = []
         packs: list[ArgPack] = []
+        values: list[list] = []
         for i, ((_, args), prog) in enumerate(zip(launches, progs)):
             deps: set[int] = set()
             for j in prog.ins:
@@ -703,22 +707,29 @@ class Worker:
                 readers[args[j]] = []
             deps.discard(i)
             spec = prog.spec
-            pack = ArgPack(len(spec.formats)).fill(spec.formats, self._values(prog, args))
+            vals = self._values(prog, args)
+            pack = ArgPack(len(spec.formats)).fill(spec.formats, vals)
             nodes.append(drv.graph_add_kernel(graph, [nodes[d] for d in sorted(deps)], prog.function, spec.grid,
                                               spec.block, spec.shared_bytes, pack.address))
             packs.append(pack)
-        rec = GraphRecord(sig, graph, drv.graph_instantiate(graph), nodes, packs, list(progs))
+            values.append(vals)
+        rec = GraphRecord(sig, graph, drv.graph_instantiate(graph), nodes, packs, list(progs), values)
         self.graphs[key] = rec
         log("launch", f"{self.name}: captured a graph of {len(nodes)} kernels")
         return rec
 
     def _update_graph(self, rec: GraphRecord, launches: list[tuple[int, tuple]]) -> None:
+        """New argument values for the nodes whose values changed (the driver copies them at once)."""
         drv = self.drv
-        for (_, args), prog, node, pack in zip(launches, rec.programs, rec.nodes, rec.packs):
+        for i, ((_, args), prog) in enumerate(zip(launches, rec.programs)):
+            values = self._values(prog, args)
+            if values == rec.values[i]:
+                continue
+            rec.values[i] = values
             spec = prog.spec
-            pack.fill(spec.formats, self._values(prog, args))  # the driver copies the values at once
-            drv.graph_exec_set_kernel(rec.exec, node, prog.function, spec.grid, spec.block, spec.shared_bytes,
-                                      pack.address)
+            rec.packs[i].fill(spec.formats, values)
+            drv.graph_exec_set_kernel(rec.exec, rec.nodes[i], prog.function, spec.grid, spec.block,
+                                      spec.shared_bytes, rec.packs[i].address)
 
     def _forget_graph(self, key: Any) -> None:
         """Destroy ``key``'s graph once its launches are done."""
