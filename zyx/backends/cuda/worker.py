@@ -13,6 +13,12 @@ compile, timed launch, sync). Invariants:
   persists across windows. A wait on stream ``t`` becomes ``cuEventRecord`` on ``t`` + ``cuStreamWaitEvent`` on the
   consumer, with ``CU_EVENT_DISABLE_TIMING`` events taken from a free list and returned to it once the window
   completed.
+- Graphs: ``replay(key, launches)`` (a cached schedule) runs one by one the first time, is captured as a CUDA graph
+  the second time its structure (programs, which arguments are the same buffer) repeats, and is then one window
+  command: a graph launch reading the buffers the batch reads before writing and writing all it writes, so it is
+  placed and ordered like any command. Node arguments are updated in place only where they changed (the driver
+  copies them at the call). A batch holding a library program runs one by one. Releasing a program drops the
+  graphs that use it.
 - Poison: a buffer stays poisoned until a copy overwrites all of it (an upload or a device copy of a valid
   buffer); later kernels writing it do not clear it, since a kernel may write only part of a buffer.
 - Lifetimes: every window records one completion event per stream it used and keeps what its commands point to
