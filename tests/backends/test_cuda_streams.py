@@ -315,3 +315,21 @@ def test_property_windows_do_not_change_safety_with_one_big_window(case: tuple[l
     assert violations(program, placements, n_streams) == []
     if n_streams == 1:
         assert all(p == Placement(0) for p in placements)
+
+
+def test_graph_dependencies_order_every_conflict_and_nothing_else():
+    from types import SimpleNamespace
+
+    from zyx.backends.cuda import graphs
+
+    k = SimpleNamespace(ins=(0, 1), outs=(2,), spec=SimpleNamespace(formats=(None, None, None)))
+    # 0: c = f(a, b); 1: d = f(c, a) (RAW on c); 2: a = f(b, b) (WAR on a after 0 and 1); 3: e = f(b, b) (free);
+    # 4: c = f(b, b) (WAW on c after 0, WAR after 1)
+    a, b, c, d, e = 1, 2, 3, 4, 5
+    batch = [(9, (a, b, c)), (9, (c, a, d)), (9, (b, b, a)), (9, (b, b, e)), (9, (b, b, c))]
+    progs = [k] * len(batch)
+    assert graphs.dependencies(batch, progs) == [[], [0], [0, 1], [], [0, 1]]
+    assert graphs.boundary(batch, progs) == ((a, b), (c, d, a, e))
+    same = [(9, (10 + x, 10 + y, 10 + z)) for _, (x, y, z) in batch]
+    assert graphs.signature(batch, progs) == graphs.signature(same, progs)
+    assert graphs.signature(batch, progs) != graphs.signature([(9, (a, b, d))] + batch[1:], progs)

@@ -49,8 +49,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zyx.backends.base import BackendError, ErrorStatus
+from zyx.backends.cuda import graphs as capture
 from zyx.backends.cuda.args import ArgPack, KernelSpec, LibraryProgram, _Kernel, _Library
 from zyx.backends.cuda.driver import DEVICE_ATTRIBUTES, OUT_OF_MEMORY, Driver, DriverError
+from zyx.backends.cuda.graphs import GraphRecord
 from zyx.backends.cuda.memory import (
     CachingAllocator,
     Staging,
@@ -138,18 +140,6 @@ class Window:
     keep: list[Any] = field(default_factory=list)  # arg packs (reused) and anything else the GPU reads
     staging: list[Staging] = field(default_factory=list)
 
-
-@dataclass
-class GraphRecord:
-    """A captured batch: its executable graph, one node and one argument block per kernel, in batch order."""
-
-    signature: tuple
-    graph: int
-    exec: int
-    nodes: list[int]
-    packs: list[ArgPack]
-    programs: list[_Kernel]
-    values: list[list]  # the argument values each node holds now
 
 @dataclass
 class _Dead:
@@ -634,7 +624,7 @@ class Worker:
             for pid, args in launches:
                 self._w_launch(pid, args)
             return
-        sig = self._signature(launches, progs)
+        sig = capture.signature(launches, progs)
         rec = self.graphs.get(key)
         if rec is not None and rec.signature != sig:
             self._forget_graph(key)
@@ -648,33 +638,9 @@ class Worker:
             rec = self._capture(key, sig, launches, progs)
         else:
             self._update_graph(rec, launches)
-        reads, writes = self._batch_buffers(launches, progs)
+        reads, writes = capture.boundary(launches, progs)
         names = ", ".join(dict.fromkeys(p.name for p in progs))
         self._enqueue(Pending("graph", f"graph of {len(launches)} kernels ({names[:200]})", reads, writes, rec))
-
-    @staticmethod
-    def _signature(launches: list[tuple[int, tuple]], progs: list) -> tuple:
-        """Programs and which buffer arguments are the same buffer (scalar values may change between runs)."""
-        first: dict[int, int] = {}
-        out = []
-        for (pid, args), prog in zip(launches, progs):
-            pattern = tuple(None if f is not None else first.setdefault(a, len(first))
-                            for a, f in zip(args, prog.spec.formats))
-            out.append((pid, pattern))
-        return tuple(out)
-
-    @staticmethod
-    def _batch_buffers(launches: list[tuple[int, tuple]], progs: list) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """(buffers the batch reads before writing them, every buffer it writes)."""
-        reads: dict[int, None] = {}
-        writes: dict[int, None] = {}
-        for (_, args), prog in zip(launches, progs):
-            for i in prog.ins:
-                if args[i] not in writes:
-                    reads[args[i]] = None
-            for i in prog.outs:
-                writes[args[i]] = None
-        return tuple(reads), tuple(writes)
 
     def _values(self, prog: _Kernel, args: tuple) -> list:
         buffers = self.buffers
@@ -687,35 +653,17 @@ class Worker:
             raise
 
     def _capture(self, key: Any, sig: tuple, launches: list[tuple[int, tuple]], progs: list) -> GraphRecord:
-        """A graph of the batch: node i depends on the nodes it conflicts with (RAW, WAR, WAW) before it, so the
-        independent kernels stay concurrent."""
+        """The batch as a graph (``capture.dependencies``: independent kernels stay concurrent), instantiated."""
         drv = self.drv
-        last_writer: dict[int, int] = {}
-        readers: dict[int, list[int]] = {}
         graph = drv.graph_create()
         nodes: list[int] = []
         packs: list[ArgPack] = []
         values: list[list] = []
-        for i, ((_, args), prog) in enumerate(zip(launches, progs)):
-            deps: set[int] = set()
-            for j in prog.ins:
-                if args[j] in last_writer:
-                    deps.add(last_writer[args[j]])
-            for j in prog.outs:
-                b = args[j]
-                if b in last_writer:
-                    deps.add(last_writer[b])
-                deps.update(readers.get(b, ()))
-            for j in prog.ins:
-                readers.setdefault(args[j], []).append(i)
-            for j in prog.outs:
-                last_writer[args[j]] = i
-                readers[args[j]] = []
-            deps.discard(i)
+        for ((_, args), prog), deps in zip(zip(launches, progs), capture.dependencies(launches, progs)):
             spec = prog.spec
             vals = self._values(prog, args)
             pack = ArgPack(len(spec.formats)).fill(spec.formats, vals)
-            nodes.append(drv.graph_add_kernel(graph, [nodes[d] for d in sorted(deps)], prog.function, spec.grid,
+            nodes.append(drv.graph_add_kernel(graph, [nodes[d] for d in deps], prog.function, spec.grid,
                                               spec.block, spec.shared_bytes, pack.address))
             packs.append(pack)
             values.append(vals)
