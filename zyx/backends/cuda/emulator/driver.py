@@ -12,6 +12,8 @@ Invariants:
 - Launches snapshot their parameter values at the call, check the geometry against the device limits, and run on
   the stream's thread; copies check both ranges against the emulated memory before moving a byte, and move them
   under the kernels' fault handler (a block freed by another stream during the copy is an illegal address too).
+- Graphs: kernel nodes copy their parameter values when added or set (later sets affect later launches only); a
+  graph launch is one operation of its stream that runs the nodes in insertion order, a topological order.
 """
 
 from __future__ import annotations
