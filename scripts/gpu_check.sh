@@ -12,7 +12,8 @@
 #   3. the carried wheels (cudnn-frontend with --no-deps), the repo (pip install --no-deps -e .), ml_dtypes if missing
 #   4. what zyx finds (registry report, device info, python -m zyx on cuda)
 #   5. the CUDA backend's GPU tests (tests/backends/test_cuda_gpu.py)
-#   6. scripts/gpu_bench.py (JSON in OUTDIR)
+#   6. scripts/gpu_bench.py (JSON in OUTDIR), then the host-overhead rows of python -m zyx.bench (launches/s,
+#      graph replay, flush with live buffers, upload)
 #   7. the rest of pytest -m cuda (the op parity suite on cuda:0; junit XML in OUTDIR) with the time left
 # then a summary, the benchmark table last. Every step has a time limit, and all limits are capped by a total
 # deadline (GPU_CHECK_TOTAL_S, default 540 s), so the whole run stays under 10 minutes. pytest is stopped with
@@ -111,6 +112,8 @@ d = zyx.registry().get(\"cuda:0\").primary; print(d); print(d.info())" && "$VPY"
 step pytest_backend 110 "$VPY" -m pytest -o addopts= -q -p no:cacheprovider -rfEs tests/backends/test_cuda_gpu.py \
     --junitxml="$OUT/pytest_backend.xml"
 step bench 120 "$VPY" scripts/gpu_bench.py --out "$OUT" --budget-s 100
+step bench_launch 60 "$VPY" -m zyx.bench --only cuda_launch_chain,cuda_launch_independent,cuda_flush_live_buffers,cuda_graph_replay,cuda_upload \
+    --repeats 5 --out "$OUT/bench_launch.json"
 step pytest_cuda 150 "$VPY" -m pytest -m cuda -o addopts= -q -p no:cacheprovider -rfE --continue-on-collection-errors \
     --ignore=tests/backends/test_cuda_gpu.py --junitxml="$OUT/pytest_cuda.xml"
 
@@ -125,4 +128,5 @@ done
 echo
 echo "---- benchmark (from $OUT/bench.log) ----"
 sed -n '/^zyx cuda/,$p' "$OUT/bench.log"
+[ -f "$OUT/bench_launch.log" ] && grep '^cuda:' "$OUT/bench_launch.log"
 exit "$FIRST_FAIL"
