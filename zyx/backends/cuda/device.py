@@ -199,13 +199,19 @@ class CudaDevice(Device):
     def source(self, program: ProgramId) -> str:
         return self._sources[program]
 
-    def launch(self, program: ProgramId, args: Sequence[int]) -> None:
+    def _check_launch(self, program: ProgramId, args: Sequence[int]) -> None:
+        """Raise at the call (not at the next sync) for an unknown program or a wrong argument count."""
         kinds = self._kinds.get(program)
         if kinds is None:
             raise BackendError(ErrorStatus.LAUNCH, f"{self.name}: launch of unknown program {program}")
         if len(args) != len(kinds):
             raise BackendError(ErrorStatus.LAUNCH, f"{self.name}: kernel {self._names[program]} takes {len(kinds)} "
                                f"arguments, got {len(args)}")
+
+    def launch(self, program: ProgramId, args: Sequence[int]) -> None:
+        kinds = self._kinds.get(program)
+        if kinds is None or len(args) != len(kinds):
+            self._check_launch(program, args)  # raises
         STATS["launches"] += 1
         if program in self._library:
             STATS["library_launches"] += 1
@@ -215,12 +221,7 @@ class CudaDevice(Device):
         """The batch joins the worker's window; from its second run with the same structure it is one CUDA graph
         launch (``Worker.replay``)."""
         for program, args in launches:
-            kinds = self._kinds.get(program)
-            if kinds is None:
-                raise BackendError(ErrorStatus.LAUNCH, f"{self.name}: launch of unknown program {program}")
-            if len(args) != len(kinds):
-                raise BackendError(ErrorStatus.LAUNCH, f"{self.name}: kernel {self._names[program]} takes "
-                                   f"{len(kinds)} arguments, got {len(args)}")
+            self._check_launch(program, args)
         STATS["launches"] += len(launches)
         STATS["library_launches"] += sum(1 for program, _ in launches if program in self._library)
         self.worker.replay(key, launches)

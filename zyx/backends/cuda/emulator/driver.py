@@ -657,7 +657,8 @@ class EmulatedDriver:
         if (err := self._sticky(s.ctx)) is not None:
             return err
         grid, block = (int(gx), int(gy), int(gz)), (int(bx), int(by), int(bz))
-        if (err := self._launch_checks(fn, grid, block, int(shared), params)) is not None:
+        if ((grid, block, int(shared)) not in fn.checked or not params) and \
+                (err := self._launch_checks(fn, grid, block, int(shared), params)) is not None:
             return err
         if not self.config.run_kernels:  # host-overhead mode: ordered, never read
             s.submit(_nothing)
