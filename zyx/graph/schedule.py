@@ -13,6 +13,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -57,8 +58,8 @@ class Plan:
     aliases: list[tuple[int, int]] = field(default_factory=list)  # (slot, slot whose buffer it shares)
     key: int = field(default_factory=lambda: next(_plan_keys))  # names the plan's launches as one recurring batch
 
-    @property
-    def batch_device(self):
+    @functools.cached_property
+    def batch_device(self) -> Device | None:
         """The device running every step, when all are launches (generated or library) on one device."""
         devs = {id(st.dev) for st in self.steps}
         if len(self.steps) < 2 or len(devs) != 1 or any(st.kind == "copy" for st in self.steps):
