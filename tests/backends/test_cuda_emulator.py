@@ -456,3 +456,20 @@ def test_graph_replay_follows_changed_arguments_and_releasing_a_kernel_drops_its
     assert machine.worker.call(lambda: len(machine.worker.graphs)) == 1
     machine.device.release(prog)
     assert machine.worker.call(lambda: len(machine.worker.graphs)) == 0
+
+
+def test_captured_graphs_are_bounded_and_destroyed_behind_their_launches(machine, monkeypatch):
+    from zyx.backends.cuda import worker as worker_module
+
+    monkeypatch.setattr(worker_module, "GRAPH_CACHE", 2)
+    prog = machine.device.compile_source(AXPB, AXPB_SPEC)
+    x = machine.upload(np.ones(N, np.float32))
+    ys = [machine.pool.allocate(N * 4) for _ in range(2)]
+    for key in range(4):  # four recurring batches, each captured on its second run
+        for _ in range(3):
+            machine.device.launch_batch(key, [(prog, [x, x, ys[0], float(key), N]), (prog, [ys[0], x, ys[1], 1.0, N])])
+    np.testing.assert_array_equal(machine.download(ys[1], np.zeros(N, np.float32)), np.full(N, 3 * 1 + 1 + 1))
+    w = machine.worker
+    assert w.call(lambda: sorted(w.graphs)) == [2, 3]
+    machine.device.sync()
+    assert len(machine.emu._execs) == 2  # the evicted graphs were destroyed once their launches were done

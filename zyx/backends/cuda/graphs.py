@@ -12,7 +12,7 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 Launch = tuple[int, tuple]  # (program id, arguments)
@@ -35,6 +35,7 @@ class GraphRecord:
     packs: list[Any]  # args.ArgPack per node, refilled when its arguments change
     programs: list[Any]
     values: list[list]  # the argument values each node holds now
+    streams: set[int] = field(default_factory=set)  # streams it was launched on (barriers before destroying it)
 
 
 def signature(launches: Sequence[Launch], programs: Sequence[Program]) -> tuple:

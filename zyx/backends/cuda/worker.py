@@ -66,6 +66,7 @@ from zyx.backends.cuda.streams import StreamState
 from zyx.utils import debug_on, log
 
 DEFAULT_SHARED_BYTES = 48 << 10  # dynamic shared memory a kernel may use without opting in
+GRAPH_CACHE = 256  # captured graphs kept per GPU (least recently replayed destroyed first)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -632,12 +633,17 @@ class Worker:
         if rec is None:
             if self._batch_seen.get(key) != sig:  # first sighting of this structure: one by one
                 self._batch_seen[key] = sig
+                if len(self._batch_seen) > 4 * GRAPH_CACHE:
+                    del self._batch_seen[next(iter(self._batch_seen))]
                 for pid, args in launches:
                     self._w_launch(pid, args)
                 return
             rec = self._capture(key, sig, launches, progs)
+            while len(self.graphs) > GRAPH_CACHE:  # the least recently replayed graphs go
+                self._forget_graph(next(iter(self.graphs)))
         else:
             self._update_graph(rec, launches)
+            self.graphs[key] = self.graphs.pop(key)  # most recently used last
         reads, writes = capture.boundary(launches, progs)
         names = ", ".join(dict.fromkeys(p.name for p in progs))
         self._enqueue(Pending("graph", f"graph of {len(launches)} kernels ({names[:200]})", reads, writes, rec))
@@ -686,17 +692,24 @@ class Worker:
                                       spec.shared_bytes, rec.packs[i].address)
 
     def _forget_graph(self, key: Any) -> None:
-        """Destroy ``key``'s graph once its launches are done."""
+        """Destroy ``key``'s graph once its launches are done (behind barrier events, like a freed buffer)."""
         rec = self.graphs.pop(key, None)
         self._batch_seen.pop(key, None)
         if rec is None:
             return
         if any(p.kind == "graph" and p.payload is rec for p in self.pending):
             self._w_flush()
-        self._w_drain()
-        if self.fatal is None:
+        if self.fatal is not None:
+            return
+
+        def destroy() -> None:
             self.drv.graph_exec_destroy(rec.exec)
             self.drv.graph_destroy(rec.graph)
+
+        if rec.streams:
+            self.dead.append(_Dead(self._barriers(rec.streams), destroy))
+        else:
+            destroy()
 
     # ---- submission --------------------------------------------------------------------------------------------
     def _w_flush(self) -> None:
@@ -817,6 +830,7 @@ class Worker:
                     return
             for prog in rec.programs:
                 prog.streams.add(si)
+            rec.streams.add(si)
             drv.graph_launch(rec.exec, stream)
         elif p.kind == "h2d":
             segments, full = p.payload
