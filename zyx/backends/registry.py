@@ -24,7 +24,8 @@ from zyx.utils import log
 DEFAULTS: dict = {
     "host": {"enabled": True, "cc": "cc", "openmp": True, "threads": None},
     "blas": {"enabled": True},
-    "cuda": {"device_ids": None, "cudnn": True, "queues": 12, "emulate": False, "allow_tf32": False},
+    "cuda": {"device_ids": None, "cudnn": True, "queues": 12, "emulate": False, "allow_tf32": False,
+             "graphs": True},
     "disk": {},
     "autotune": {"enabled": False, "budget_s": 10},
     "default_device": None,
@@ -34,7 +35,7 @@ _TYPES: dict[str, dict[str, tuple]] = {
     "host": {"enabled": (bool,), "cc": (str,), "openmp": (bool,), "threads": (int, type(None))},
     "blas": {"enabled": (bool,)},
     "cuda": {"device_ids": (list, type(None)), "cudnn": (bool,), "queues": (int,), "emulate": (bool,),
-             "allow_tf32": (bool,)},
+             "allow_tf32": (bool,), "graphs": (bool,)},
     "disk": {},
     "autotune": {"enabled": (bool,), "budget_s": (int, float)},
 }

@@ -43,7 +43,8 @@ def emulation_requested(cuda_config: dict) -> bool:
 
 
 def worker_config(cuda_config: dict) -> WorkerConfig:
-    return WorkerConfig(queues=int(cuda_config.get("queues") or 12), sync_each=debug_on("launch"))
+    return WorkerConfig(queues=int(cuda_config.get("queues") or 12), sync_each=debug_on("launch"),
+                        graphs=bool(cuda_config.get("graphs", True)))
 
 
 def probe(cuda_config: dict, driver: Driver | None = None) -> list:
