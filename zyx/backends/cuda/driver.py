@@ -387,10 +387,10 @@ def load_driver(emulate: bool = False) -> Driver:
     return drv
 
 
-def unavailable_reason(emulate: bool = False) -> str | None:
-    """Why the CUDA driver cannot be used here, or None when it can (and at least one GPU is visible)."""
+def unavailable_reason() -> str | None:
+    """Why the NVIDIA driver cannot be used here, or None when it can (and at least one GPU is visible)."""
     try:
-        drv = load_driver(emulate)
+        drv = load_driver()
         if drv.device_count() == 0:
             return "no CUDA GPU visible; check nvidia-smi and CUDA_VISIBLE_DEVICES"
     except BackendError as e:

@@ -85,9 +85,8 @@ class Memory:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.used: dict[int, int] = {}  # device -> bytes in pending and live device blocks
-        self._blocks: dict[int, Block] = {}  # ptr -> block (also freed blocks in quarantine)
         self._bases: list[int] = []  # sorted mapping starts
-        self._by_base: dict[int, Block] = {}
+        self._by_base: dict[int, Block] = {}  # mapping start -> block (freed ones too, while quarantined)
         self._quarantine: deque[Block] = deque()
         self._lock = threading.Lock()
 
@@ -121,7 +120,6 @@ class Memory:
         else:
             blk.state = "live"
         with self._lock:
-            self._blocks[ptr] = blk
             self._by_base[base] = blk
             bisect.insort(self._bases, base)
         return blk
@@ -153,7 +151,6 @@ class Memory:
             while len(self._quarantine) > QUARANTINE:
                 old.append(self._quarantine.popleft())
             for o in old:
-                del self._blocks[o.ptr]
                 del self._by_base[o.base]
                 del self._bases[bisect.bisect_left(self._bases, o.base)]
         for o in old:
@@ -163,7 +160,7 @@ class Memory:
     def release_all(self) -> None:
         """Unmap every block (the emulated machine is gone)."""
         with self._lock:
-            blocks, self._blocks = list(self._blocks.values()), {}
+            blocks = list(self._by_base.values())
             self._by_base, self._bases = {}, []
             self._quarantine.clear()
             self.used.clear()
@@ -171,11 +168,6 @@ class Memory:
             _libc.munmap(b.base, b.length)
 
     # ---- lookup --------------------------------------------------------------------------------------------------
-    def block_at(self, ptr: int) -> Block | None:
-        """The block allocated at exactly ``ptr`` (freed ones included while quarantined)."""
-        with self._lock:
-            return self._blocks.get(ptr)
-
     def containing(self, addr: int) -> Block | None:
         """The block whose mapping (guards included) holds ``addr``."""
         with self._lock:
