@@ -134,7 +134,7 @@ def _probe_host(cfg: dict) -> list[Placement]:
     if cfg["blas"]["enabled"]:
         try:
             from zyx.backends.blas import BlasDevice
-            devices.append(BlasDevice(pool))
+            devices.append(BlasDevice(pool, devices[0].compiler))
         except ImportError:
             pass
         except BackendError as e:

@@ -15,11 +15,12 @@ import numpy as np
 
 from zyx import dtypes
 from zyx.backends.base import BackendError, Device, DeviceInfo, ErrorStatus, ProgramId
+from zyx.backends.blas import threaded
 from zyx.backends.host.device import cpu_count
 from zyx.backends.host.pool import HostPool
 from zyx.graph import ops as g
 from zyx.graph.node import LibraryKernel
-from zyx.utils import STATS
+from zyx.utils import STATS, log
 
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 LAUNCH_OVERHEAD_NS = 4_000
@@ -78,16 +79,35 @@ def _find_cblas():
     return None
 
 
+@dataclass(frozen=True)
+class _Split:
+    """How one GEMM launch is spread: threads, blocks per batch index, along N (else M), batch offsets."""
+
+    threads: int
+    blocks: int
+    along_n: bool
+    offsets: np.ndarray
+
+
 class BlasDevice(Device):
-    def __init__(self, pool: HostPool) -> None:
+    """``compiler``: the host's ``CCompiler``; with OpenMP every GEMM runs on the OpenMP threads through the
+    threaded runner (``threaded.py``: one thread pool for kernels and GEMMs), else GEMMs loop over their batch
+    in Python and OpenBLAS threads itself."""
+
+    def __init__(self, pool: HostPool, compiler=None) -> None:
         self._pool = pool
         self._programs: dict[int, Gemm] = {}
         self._ids: dict[Gemm, int] = {}
+        self._splits: dict[Gemm, _Split] = {}
+        self._compiler = compiler if compiler is not None and compiler.openmp else None
+        self._threaded: threaded.ThreadedGemm | None | bool = None  # False: could not be built
+        self._int_type = ctypes.c_int
         found = _find_cblas()
         self.backend = "cblas" if found else "numpy.matmul"
         self._set_threads = None
         if found:
             self._sgemm, self._dgemm, it, self._set_threads = found
+            self._int_type = it
             f, d, p = ctypes.c_float, ctypes.c_double, ctypes.c_void_p
             self._sgemm.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, it, it, it, f, p, it, p, it, f, p, it]
             self._dgemm.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, it, it, it, d, p, it, p, it, d, p, it]
@@ -111,6 +131,7 @@ class BlasDevice(Device):
         gemm = self._programs.pop(program, None)
         if gemm is not None:
             self._ids.pop(gemm, None)
+            self._splits.pop(gemm, None)
 
     # ---- matching ---------------------------------------------------------------------------------------------
     def match_graph(self, graph, outputs) -> None:
@@ -139,25 +160,56 @@ class BlasDevice(Device):
         size = g.dtype.itemsize
         STATS["launches"] += 1
         STATS["library_launches"] += 1
-        if self.backend == "cblas":
-            fn = self._sgemm if g.dtype is dtypes.float32 else self._dgemm
-            ta, tb = (TRANS if g.trans_a else NO_TRANS), (TRANS if g.trans_b else NO_TRANS)
-            # small GEMMs run on this thread: waking BLAS worker threads costs more than it saves, and they
-            # fight the generated kernels' OpenMP threads for the cores
-            single = self._set_threads is not None and 2 * g.m * g.n * g.k < SINGLE_THREAD_FLOPS
-            prev = self._set_threads(1) if single else 0
-            try:
-                for idx in itertools.product(*(range(s) for s in g.batch)):
-                    oa = g.a_offset + sum(i * s for i, s in zip(idx, g.a_batch))
-                    ob = g.b_offset + sum(i * s for i, s in zip(idx, g.b_batch))
-                    oc = sum(i * s for i, s in zip(idx, g.c_batch))
-                    fn(ROW_MAJOR, ta, tb, g.m, g.n, g.k, 1.0, a + oa * size, g.lda, b + ob * size, g.ldb, 0.0,
-                       c + oc * size, g.ldc)
-            finally:
-                if single:
-                    self._set_threads(prev)
-        else:
+        if self.backend != "cblas":
             self._numpy_gemm(g, args)
+            return
+        runner = self._runner()
+        if runner is not None:
+            sp = self._split(g)
+            runner.run(size, sp.threads, g.trans_a, g.trans_b, g.m, g.n, g.k, a, g.lda, b, g.ldb, c, g.ldc,
+                       sp.offsets, sp.blocks, sp.along_n)
+            return
+        fn = self._sgemm if g.dtype is dtypes.float32 else self._dgemm
+        ta, tb = (TRANS if g.trans_a else NO_TRANS), (TRANS if g.trans_b else NO_TRANS)
+        # small GEMMs run on this thread: waking BLAS worker threads costs more than it saves, and they
+        # fight the generated kernels' OpenMP threads for the cores
+        single = self._set_threads is not None and 2 * g.m * g.n * g.k < SINGLE_THREAD_FLOPS
+        prev = self._set_threads(1) if single else 0
+        try:
+            for idx in itertools.product(*(range(s) for s in g.batch)):
+                oa = g.a_offset + sum(i * s for i, s in zip(idx, g.a_batch))
+                ob = g.b_offset + sum(i * s for i, s in zip(idx, g.b_batch))
+                oc = sum(i * s for i, s in zip(idx, g.c_batch))
+                fn(ROW_MAJOR, ta, tb, g.m, g.n, g.k, 1.0, a + oa * size, g.lda, b + ob * size, g.ldb, 0.0,
+                   c + oc * size, g.ldc)
+        finally:
+            if single:
+                self._set_threads(prev)
+
+    def _runner(self) -> threaded.ThreadedGemm | None:
+        """The threaded GEMM runner, compiled on first use; None without OpenMP or when it cannot be built."""
+        if self._threaded is None:
+            self._threaded = False
+            if self._compiler is not None:
+                try:
+                    lib = self._compiler.compile(threaded.source(self._int_type), "zyx_threaded_gemm")
+                    self._threaded = threaded.ThreadedGemm(lib, self._sgemm, self._dgemm, self._set_threads,
+                                                           self._int_type)
+                except BackendError as e:
+                    log("dev", f"blas: threaded GEMM runner unavailable ({e.context}); OpenBLAS threads itself")
+        return self._threaded or None
+
+    def _split(self, g: Gemm) -> _Split:
+        sp = self._splits.get(g)
+        if sp is None:
+            batch = math.prod(g.batch)
+            threads = 1 if 2 * g.m * g.n * g.k * batch < SINGLE_THREAD_FLOPS else self._info.compute_units
+            along_n = g.m < 64 * threads < g.n  # rows unless there are too few of them
+            span = g.n if along_n else g.m
+            blocks = 1 if batch >= threads else max(1, min(-(-threads // batch), span // 32))
+            sp = self._splits[g] = _Split(threads, blocks, along_n, threaded.batch_offsets(
+                g.batch, g.a_offset, g.b_offset, g.a_batch, g.b_batch, g.c_batch))
+        return sp
 
     def _numpy_gemm(self, g: Gemm, args: Sequence[int]) -> None:
         views = [self._pool.view(x).view(g.dtype.np_dtype) for x in args]

@@ -1,0 +1,94 @@
+"""The GEMMs of one BLAS launch spread over OpenMP threads, each thread calling CBLAS single-threaded.
+
+Why: the generated kernels run on OpenMP threads; OpenBLAS has its own pool, and the two pools busy-wait
+for the same cores after every call (on 2 cores a kernel after a GEMM ran ~2x slower). Running every GEMM
+on the OpenMP threads leaves one pool. A batched launch also loops over its batch in C instead of Python.
+
+Invariants: task ``t`` computes one block of rows (or of columns, ``along_n``) of batch ``t // blocks``:
+every output element is written by exactly one task, so the result equals one CBLAS call per batch (same
+kernels, same sums); the calling thread's OpenBLAS thread count is restored on return.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Sequence
+
+import numpy as np
+
+_SOURCE = r"""
+#include <stddef.h>
+typedef {int} I;
+typedef int (*zyx_local_threads)(int);
+{gemms}
+"""
+
+_GEMM = r"""
+typedef void (*zyx_{t}gemm_fn)(int, int, int, I, I, I, {real}, const {real} *, I, const {real} *, I, {real},
+                               {real} *, I);
+void zyx_threaded_{t}gemm(zyx_{t}gemm_fn fn, zyx_local_threads local, int threads, int ta, int tb, I m, I n,
+                          I k, const {real} *a, I lda, const {real} *b, I ldb, {real} *c, I ldc, I batch,
+                          const long long *offsets, I blocks, int along_n) {{
+    I tasks = batch * blocks;
+    if (tasks <= 0) return;
+    I span = ((along_n ? n : m) + blocks - 1) / blocks;
+    int team = (I)threads < tasks ? threads : (int)tasks;
+    #pragma omp parallel num_threads(team)
+    {{
+        int previous = local ? local(1) : 0;
+        #pragma omp for schedule(static)
+        for (I t = 0; t < tasks; t++) {{
+            const long long *o = offsets + 3 * (t / blocks);
+            I lo = (t % blocks) * span, hi = lo + span < (along_n ? n : m) ? lo + span : (along_n ? n : m);
+            if (lo >= hi) continue;
+            if (along_n)  /* columns [lo, hi) of C: columns of op(B) */
+                fn(101, ta ? 112 : 111, tb ? 112 : 111, m, hi - lo, k, 1, a + o[0], lda,
+                   b + o[1] + (tb ? lo * ldb : lo), ldb, 0, c + o[2] + lo, ldc);
+            else  /* rows [lo, hi) of C: rows of op(A) */
+                fn(101, ta ? 112 : 111, tb ? 112 : 111, hi - lo, n, k, 1, a + o[0] + (ta ? lo : lo * lda), lda,
+                   b + o[1], ldb, 0, c + o[2] + lo * ldc, ldc);
+        }}
+        if (local) local(previous);
+    }}
+}}
+"""
+
+
+def source(int_type: type) -> str:
+    """C source of ``zyx_threaded_sgemm`` / ``zyx_threaded_dgemm`` for CBLAS integers of ``int_type``."""
+    c_int = "long long" if ctypes.sizeof(int_type) == 8 else "int"
+    gemms = "".join(_GEMM.format(t=t, real=real) for t, real in (("s", "float"), ("d", "double")))
+    return _SOURCE.format(int=c_int, gemms=gemms)
+
+
+class ThreadedGemm:
+    """The compiled runner for one CBLAS (``sgemm``/``dgemm`` pointers of integer type ``int_type``)."""
+
+    def __init__(self, lib: ctypes.CDLL, sgemm, dgemm, local_threads, int_type: type) -> None:
+        self._fns = {4: (lib.zyx_threaded_sgemm, ctypes.cast(sgemm, ctypes.c_void_p).value),
+                     8: (lib.zyx_threaded_dgemm, ctypes.cast(dgemm, ctypes.c_void_p).value)}
+        self._local = ctypes.cast(local_threads, ctypes.c_void_p).value if local_threads is not None else None
+        i, p = int_type, ctypes.c_void_p
+        for fn, _ in self._fns.values():
+            fn.argtypes = [p, p, ctypes.c_int, ctypes.c_int, ctypes.c_int, i, i, i, p, i, p, i, p, i, i, p, i,
+                           ctypes.c_int]
+            fn.restype = None
+
+    def run(self, itemsize: int, threads: int, ta: bool, tb: bool, m: int, n: int, k: int, a: int, lda: int,
+            b: int, ldb: int, c: int, ldc: int, offsets: np.ndarray, blocks: int, along_n: bool) -> None:
+        """``offsets``: int64 (batch, 3) element offsets of A, B, C per batch index (kept alive by the caller)."""
+        fn, blas = self._fns[itemsize]
+        fn(blas, self._local, threads, int(ta), int(tb), m, n, k, a, lda, b, ldb, c, ldc, len(offsets),
+           offsets.ctypes.data, blocks, int(along_n))
+
+
+def batch_offsets(batch: Sequence[int], a_offset: int, b_offset: int, a_batch: Sequence[int],
+                  b_batch: Sequence[int], c_batch: Sequence[int]) -> np.ndarray:
+    """(prod(batch), 3) int64 element offsets of A, B and C for every batch index, in row-major batch order."""
+    idx = np.indices(tuple(batch), dtype=np.int64).reshape(len(batch), -1).T if batch else np.zeros((1, 0),
+                                                                                                   np.int64)
+    out = np.empty((idx.shape[0], 3), np.int64)
+    out[:, 0] = a_offset + idx @ np.asarray(a_batch, np.int64).reshape(-1)
+    out[:, 1] = b_offset + idx @ np.asarray(b_batch, np.int64).reshape(-1)
+    out[:, 2] = idx @ np.asarray(c_batch, np.int64).reshape(-1)
+    return np.ascontiguousarray(out)
