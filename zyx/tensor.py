@@ -660,6 +660,23 @@ class Tensor:
         """``self`` is the condition: elements of ``x`` where true, of ``y`` where false."""
         return where(self, x, y)
 
+    def masked_fill(self, mask, value) -> Tensor:
+        """``value`` where the bool ``mask`` is true, else ``self`` (PyTorch's): mask and self broadcast
+        together, the result keeps ``self``'s dtype; ``value`` is a Python scalar or a 0-d tensor."""
+        m = mask if isinstance(mask, Tensor) else Tensor(mask, device=self.device)
+        if m.dtype.kind != "b":
+            raise TypeError(f"masked_fill: mask must be bool, got {m.dtype.name} (mask shape {m.shape}, "
+                            f"tensor shape {self.shape})")
+        broadcast_shapes(self.shape, m.shape)  # raises naming both shapes
+        if isinstance(value, Tensor):
+            if value.ndim != 0:
+                raise ValueError(f"masked_fill: value must be a 0-d tensor, got shape {value.shape}")
+            v = value.cast(self.dtype)
+        else:
+            fill = value if self.dtype.is_float else (bool(value) if self.dtype.kind == "b" else int(value))
+            v = Tensor.full((), fill, self.dtype, self.device)
+        return where(m, v, self)
+
     def logical_not(self):
         return Tensor._from_class(g.unary(Op.NOT, self.bool().cls))
 
@@ -997,6 +1014,18 @@ class Tensor:
     def dot(self, other: Tensor) -> Tensor:
         """Inner product of 1-D tensors (a 0-d result); for higher dimensions the same as ``matmul``."""
         return matmul(self, other)
+
+    # ---- DLPack (zero-copy exchange with NumPy, PyTorch, ...; the logic is in zyx.dlpack) ---------------------
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """A DLPack capsule sharing this tensor's realized buffer (the buffer lives while the consumer holds it)."""
+        from zyx.dlpack import to_dlpack
+
+        return to_dlpack(self, stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        from zyx.dlpack import dlpack_device
+
+        return dlpack_device(self)
 
     # ---- autograd --------------------------------------------------------------------------------------------
     def backward(self, gradient: Tensor | None = None) -> None:
