@@ -15,6 +15,7 @@ import math
 from collections.abc import Callable
 
 from zyx.graph.match import Matmul, match_matmul
+from zyx.graph.match_attention import Attention, match_attention
 from zyx.graph.node import ELEMENTWISE, Class, LibraryKernel, Node, Op
 from zyx.utils import debug_on, log
 
@@ -25,13 +26,14 @@ GENERATED_NS_PER_ELEMENT = 1.0  # one fused element operation on one compute uni
 
 
 class Graph:
-    """What ``Device.match_graph`` sees: the classes a realize needs, a matmul matcher, a way to add
+    """What ``Device.match_graph`` sees: the classes a realize needs, matmul and attention matchers, a way to add
     library alternatives."""
 
     def __init__(self, classes: list[Class], outputs: list[Class]) -> None:
         self.classes = classes
         self.outputs = outputs
         self._matmuls: list[Matmul] | None = None
+        self._attentions: list[Attention] | None = None
 
     def matmuls(self) -> list[Matmul]:
         if self._matmuls is None:
@@ -40,6 +42,12 @@ class Graph:
 
     def match_matmul(self, c: Class) -> Matmul | None:
         return match_matmul(c)
+
+    def attentions(self) -> list[Attention]:
+        """``match_attention`` over the classes (computed once)."""
+        if self._attentions is None:
+            self._attentions = [a for a in map(match_attention, self.classes) if a is not None]
+        return self._attentions
 
     def add_alternative(self, c: Class, kernel: LibraryKernel) -> None:
         for n in c.nodes[1:]:

@@ -1,7 +1,8 @@
 """cuDNN matmul library node of the CUDA device (nvidia-cudnn-frontend's ``cudnn.pygraph``).
 
 ``CudnnMatmul.match_graph`` offers, for every ``graph.matmuls()`` match placed on its device with float32, float16 or
-bfloat16 inputs, a ``LibraryKernel`` running a cuDNN graph built for exactly that problem. Invariants:
+bfloat16 inputs, a ``LibraryKernel`` running a cuDNN graph built for exactly that problem (and, through
+``cudnn_sdpa``, cuDNN's fused attention for ``graph.attentions()``; both share its plan cache). Invariants:
 
 - The cuDNN graph has three tensors with the exact dims ``A [B, M, K]``, ``B [B, K, N]``, ``C [B, M, N]`` and the
   strides of the match (transposed operands are expressed by strides, an operand broadcast over the batch has batch
@@ -29,6 +30,7 @@ from __future__ import annotations
 import math
 import threading
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -225,18 +227,25 @@ def build_plan(worker: Any, spec: MatmulSpec) -> CudnnPlan:
         stream_handle(worker, si)
     handle = stream_handle(worker, 0)
     g, tensors = describe(spec, cudnn, handle)
+    # no TF32 for float32 unless allowed: engines computing in full float32 only
+    ws = finish_plan(cudnn, g, no_tensor_cores=spec.in_dtype == "float32" and not spec.tf32)
+    return CudnnPlan(spec, g, tensors, ws)
+
+
+def finish_plan(cudnn: Any, g: Any, no_tensor_cores: bool = False) -> int:
+    """(worker thread) Validate and build the plans of the described graph ``g``; its workspace size in bytes.
+    ``CudnnUnsupported`` when cuDNN declines it."""
     try:
         g.validate()
         g.build_operation_graph()
         g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-        if spec.in_dtype == "float32" and not spec.tf32:  # no TF32: engines computing in full float32 only
+        if no_tensor_cores:
             g.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE])
         g.check_support()
         g.build_plans()
-        ws = int(g.get_workspace_size())
+        return int(g.get_workspace_size())
     except Exception as e:  # noqa: BLE001 - cudnnGraphNotSupportedError and friends: not offered
         raise CudnnUnsupported(f"{type(e).__name__}: {e}") from None
-    return CudnnPlan(spec, g, tensors, ws)
 
 
 class CudnnMatmul:
@@ -268,6 +277,11 @@ class CudnnMatmul:
 
     def program(self, spec: MatmulSpec) -> int | None:
         """The program id of ``spec``'s plan (built on first use), or None when cuDNN declines it."""
+        return self.library_program(spec, build_plan, CudnnPlan.kinds)
+
+    def library_program(self, spec: Any, build: Callable[[Any, Any], Any], kinds: tuple[str, ...]) -> int | None:
+        """The program id of the plan ``build(worker, spec)`` makes on the worker thread (built once per hashable
+        ``spec``, e.g. a ``cudnn_sdpa.SdpaSpec``), or None when cuDNN declines it or is unavailable."""
         with self._lock:
             if spec in self._programs:
                 return self._programs[spec]
@@ -275,7 +289,7 @@ class CudnnMatmul:
                 return None
             worker = self.device.worker
             try:
-                plan = worker.call(build_plan, worker, spec)
+                plan = worker.call(build, worker, spec)
                 pid = worker.register_library(plan)
             except CudnnUnsupported as e:
                 log("sched", f"{self.device.name}: cuDNN declines {spec.name}: {e}; the generated kernel runs")
@@ -289,7 +303,7 @@ class CudnnMatmul:
                 log("sched", f"{self.device.name}: cuDNN plan for {spec.name} failed: {e.context}")
                 pid = None
             if pid is not None:
-                self.device.register_library(pid, spec.name, CudnnPlan.kinds)
+                self.device.register_library(pid, spec.name, kinds)
             self._programs[spec] = pid
             return pid
 
@@ -317,6 +331,10 @@ class CudnnMatmul:
             inputs = (mm.a.view.base, mm.b.view.base)
             graph.add_alternative(mm.cls, LibraryKernel(self.device, pid, inputs, self.estimate_ns(spec), spec.name,
                                                         spec))
+        if getattr(graph, "attentions", None) is not None:  # a Graph; stand-ins may offer matmuls only
+            from zyx.backends.cuda.cudnn_sdpa import offer_attentions
+
+            offer_attentions(self, graph)
 
 
 def ensure_available(drv: Any = None) -> str:

@@ -1,26 +1,37 @@
 """A TEST DOUBLE for cuDNN under the emulated driver: the cudnn-frontend calls zyx makes, executed by a reference
-matmul written here, not by cuDNN.
+matmul and a reference attention written here, not by cuDNN.
 
 Invariants:
-- The graph API is the subset ``zyx.backends.cuda.cudnn`` uses (``pygraph``, ``tensor``, ``matmul``, ``set_output``
-  / ``set_data_type`` / ``set_dim`` / ``set_stride``, ``validate`` ... ``build_plans``, ``get_workspace_size``,
-  ``execute``; ``create_handle``, ``set_stream``; ``data_type``, ``heur_mode``). When nvidia-cudnn-frontend is
-  installed, every description call is mirrored onto a real ``cudnn.pygraph`` (no handle), so the real frontend
-  still checks the graph as far as it can without a GPU.
+- The graph API is the subset ``zyx.backends.cuda.cudnn`` and ``cudnn_sdpa`` use (``pygraph``, ``tensor``,
+  ``matmul``, ``sdpa``, ``set_output`` / ``set_data_type`` / ``set_dim`` / ``set_stride``, ``validate`` ...
+  ``build_plans``, ``get_workspace_size``, ``execute``; ``create_handle``, ``set_stream``; ``data_type``,
+  ``heur_mode``). When nvidia-cudnn-frontend is installed, every description call is mirrored onto a real
+  ``cudnn.pygraph`` (no handle), so the real frontend still checks the graph as far as it can without a GPU (for
+  SDPA its ``validate`` runs too: it needs no GPU).
 - ``validate`` checks what cuDNN would: A ``[B, M, K]``, B ``[B, K, N]``, C ``[B, M, N]`` with batch extents equal
-  or 1, positive strides, supported dtypes.
+  or 1, positive strides, supported dtypes. For ``sdpa`` (inference only: ``generate_stats=False`` /
+  ``is_inference=True``, ``attn_scale`` and an optional additive ``bias``; any other option is refused): rank-4
+  q ``[B, H, L, E]``, k ``[B, Hk, S, E]``, v ``[B, Hv, S, Ev]``, O ``[B, H, L, Ev]``, bias ``[1|B, 1|H, L, S]``,
+  H a multiple of Hk and Hv, unit stride on the last axis, E and Ev multiples of 8; ``check_support`` then refuses
+  what cuDNN's engines do not run: dtypes other than float16 / bfloat16 (one io dtype for every tensor), E or Ev
+  over 256.
 - ``execute`` queues the matmul on the handle's emulated stream, so it is ordered with kernels exactly as cuDNN's
   would be; it checks every operand range and the workspace against the emulated memory (a fault is an illegal
   address), reads the operands with their strides and dtypes, multiplies in the compute type (float32), rounds to
   the output dtype and writes C with its strides. float32 inputs are rounded to TF32 first unless the
-  ``TENSOR_CORE`` numerical note was deselected, as cuDNN's tensor-core engines do. It is a reference, not
-  cuDNN: speed and cuDNN's own rounding order are not emulated.
+  ``TENSOR_CORE`` numerical note was deselected, as cuDNN's tensor-core engines do. An ``sdpa`` execution likewise
+  reads q, k, v (and bias) with their strides, computes ``softmax(scale * q·kᵀ + bias)·v`` in float32 (heads of k
+  and v repeated for grouped queries), rounds to O's dtype and writes O with its strides. It is a reference, not
+  cuDNN: speed and cuDNN's own rounding order (its flash-attention tiling, half-precision probabilities) are not
+  emulated.
 """
 
 from __future__ import annotations
 
 import enum
 import itertools
+import math
+from dataclasses import dataclass
 from typing import Any
 
 import ml_dtypes
@@ -66,8 +77,12 @@ _NUMPY = {data_type.FLOAT: np.dtype(np.float32), data_type.HALF: np.dtype(np.flo
           data_type.BFLOAT16: np.dtype(ml_dtypes.bfloat16), data_type.DOUBLE: np.dtype(np.float64)}
 
 
+SDPA_TYPES = (data_type.HALF, data_type.BFLOAT16)
+MAX_HEAD_DIM = 256  # cuDNN's SDPA forward engines: head dims up to 256 (Ampere and later)
+
+
 class GraphError(Exception):
-    """What cuDNN would refuse at validate()."""
+    """What cuDNN would refuse at validate() (or check_support())."""
 
 
 class Handle:
@@ -111,8 +126,20 @@ class Tensor:
         return self
 
 
+@dataclass(frozen=True)
+class Attention:
+    """The ports of one ``sdpa`` node."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    bias: Tensor | None
+    o: Tensor
+    scale: float | None
+
+
 class Graph:
-    """A ``cudnn.pygraph`` of one matmul, bound to the emulated machine that executes it."""
+    """A ``cudnn.pygraph`` of one matmul or one SDPA, bound to the emulated machine that executes it."""
 
     def __init__(self, emulator: Any, name: str = "", io_data_type: data_type = data_type.FLOAT,
                  intermediate_data_type: data_type = data_type.FLOAT, compute_data_type: data_type = data_type.FLOAT,
@@ -124,6 +151,7 @@ class Graph:
         self._uids = itertools.count(1)
         self.tensors: list[Tensor] = []
         self.op: tuple[Tensor, Tensor, Tensor] | None = None
+        self.attention: Attention | None = None
         self.validated = False
         self.deselected: set[numerical_note] = set()
         try:
@@ -158,8 +186,37 @@ class Graph:
         self.compute = compute_data_type
         return c
 
+    def sdpa(self, q: Tensor, k: Tensor, v: Tensor, attn_scale: float | None = None, bias: Tensor | None = None,
+             is_inference: bool | None = None, generate_stats: bool | None = None, name: str = "",
+             compute_data_type: data_type | None = None, **options: Any) -> list[Tensor | None]:
+        """``[O, Stats]`` as the frontend returns them; Stats is None (inference only)."""
+        if self.op is not None or self.attention is not None:
+            raise GraphError(f"{self.name}: the double runs graphs of one operation")
+        stats = bool(generate_stats) if generate_stats is not None else is_inference is False  # the frontend's rule
+        if stats:
+            raise GraphError(f"{self.name}: the double runs inference SDPA only (no softmax statistics)")
+        used = {key: val for key, val in options.items() if val not in (None, False)}
+        if used:
+            raise GraphError(f"{self.name}: the double does not implement the SDPA options {sorted(used)}")
+        real = None
+        if self.real is not None:
+            extra = {"bias": bias.real} if bias is not None else {}
+            real, _ = self.real.sdpa(q.real, k.real, v.real, attn_scale=attn_scale, generate_stats=False, name=name,
+                                     **extra)
+        dim = list(q.dim[:-1]) + [v.dim[-1]] if q.dim and v.dim else None  # inferred as the frontend does
+        stride = [math.prod(dim[i + 1:]) for i in range(len(dim))] if dim else None
+        o = Tensor(self, next(self._uids), f"{name}::O", dim, stride, self.io, real)
+        self.tensors.append(o)
+        self.attention = Attention(q, k, v, bias, o, attn_scale)
+        if compute_data_type is not None:
+            self.compute = compute_data_type
+        return [o, None]
+
     # ---- the build steps -------------------------------------------------------------------------------------------
     def validate(self) -> None:
+        if self.attention is not None:
+            self._validate_sdpa()
+            return
         if self.op is None:
             raise GraphError(f"{self.name}: the graph has no operation")
         a, b, c = self.op
@@ -179,6 +236,43 @@ class Graph:
             raise GraphError(f"{self.name}: the matmul result is not marked as an output")
         self.validated = True
 
+    def _validate_sdpa(self) -> None:
+        att = self.attention
+        ports = {"Q": att.q, "K": att.k, "V": att.v, "O": att.o, **({"bias": att.bias} if att.bias else {})}
+        for port, t in ports.items():
+            if t.dim is None or t.stride is None or len(t.dim) != 4 or len(t.stride) != 4:
+                raise GraphError(f"{self.name}: SDPA tensor {port} needs 4 dims and 4 strides, got {t.dim} / "
+                                 f"{t.stride}")
+            if any(d < 1 for d in t.dim) or any(s < 0 for s in t.stride):
+                raise GraphError(f"{self.name}: SDPA tensor {port} has dims {t.dim}, strides {t.stride}")
+            if t.stride[3] != 1:
+                raise GraphError(f"{self.name}: SDPA tensor {port} needs stride 1 on its last axis, got {t.stride}")
+            if t.dtype not in _NUMPY:
+                raise GraphError(f"{self.name}: SDPA tensor {port} has unsupported dtype {t.dtype}")
+        (b, h, L, e), (bk, hk, s, ek), (bv, hv, sv, ev) = att.q.dim, att.k.dim, att.v.dim
+        if (bk, bv, ek, sv) != (b, b, e, s) or att.o.dim != [b, h, L, ev]:
+            raise GraphError(f"{self.name}: SDPA dims q {att.q.dim}, k {att.k.dim}, v {att.v.dim} -> O {att.o.dim} do "
+                             f"not agree")
+        if h % hk or h % hv:
+            raise GraphError(f"{self.name}: {h} query heads are not a multiple of {hk} key / {hv} value heads")
+        if e % 8 or ev % 8:
+            raise GraphError(f"{self.name}: SDPA head dims {e}, {ev} must be multiples of 8")
+        if att.bias is not None:
+            bb, bh, bl, bs = att.bias.dim
+            if bb not in (1, b) or bh not in (1, h) or (bl, bs) != (L, s):
+                raise GraphError(f"{self.name}: SDPA bias dims {att.bias.dim} do not broadcast to {[b, h, L, s]}")
+        if att.scale is None or not np.isfinite(att.scale):
+            raise GraphError(f"{self.name}: SDPA needs a finite attn_scale, got {att.scale}")
+        if not att.o.output:
+            raise GraphError(f"{self.name}: the SDPA output is not marked as an output")
+        if self.real is not None:  # the real frontend's own SDPA rules (they need no GPU)
+            try:
+                self.real.validate()
+            except Exception as e:  # noqa: BLE001 - its typed errors: refused, as cuDNN would
+                raise GraphError(f"{self.name}: the cuDNN frontend refuses the SDPA graph: {type(e).__name__}: "
+                                 f"{e}") from None
+        self.validated = True
+
     def build_operation_graph(self) -> None:
         if not self.validated:
             raise GraphError(f"{self.name}: build_operation_graph before validate")
@@ -191,7 +285,16 @@ class Graph:
         self.deselected.update(notes)
 
     def check_support(self) -> None:
-        pass
+        """What cuDNN's engines run (checked for SDPA: the matmul double runs every validated matmul)."""
+        att = self.attention
+        if att is None:
+            return
+        tensors = [att.q, att.k, att.v, att.o] + ([att.bias] if att.bias is not None else [])
+        if self.io not in SDPA_TYPES or any(t.dtype is not self.io for t in tensors):
+            raise GraphError(f"{self.name}: cuDNN SDPA runs float16 or bfloat16 with one io dtype, got io {self.io} "
+                             f"and tensors {[t.dtype for t in tensors]}")
+        if max(att.q.dim[3], att.v.dim[3]) > MAX_HEAD_DIM:
+            raise GraphError(f"{self.name}: SDPA head dims over {MAX_HEAD_DIM}")
 
     def build_plans(self) -> None:
         pass
@@ -200,12 +303,20 @@ class Graph:
         return WORKSPACE_BYTES
 
     def execute(self, pack: dict[int, int], workspace: int, handle: Handle | None = None) -> None:
-        if not self.validated or self.op is None:
+        if not self.validated or (self.op is None and self.attention is None):
             raise GraphError(f"{self.name}: execute before the plan was built")
         if handle is None or handle.stream is None:
             raise GraphError(f"{self.name}: execute needs a handle bound to a stream")
-        a, b, c = self.op
-        ptrs = {t.uid: int(pack[t.uid]) for t in (a, b, c)}
+        att = self.attention
+        if att is not None:
+            a, b, c = att.q, att.k, att.o  # the matmul's names for the ports every run reads and writes
+            extra = [t for t in (att.v, att.bias) if t is not None]
+        else:
+            (a, b, c), extra = self.op, []
+        missing = [t.name for t in (a, b, c, *extra) if t.uid not in pack]
+        if missing:
+            raise GraphError(f"{self.name}: the variant pack lacks tensors {missing}")
+        ptrs = {t.uid: int(pack[t.uid]) for t in (a, b, c, *extra)}
         emulator = self.emulator
         stream = emulator.stream_object(handle.stream)
         mem = emulator.memory
@@ -241,12 +352,32 @@ class Graph:
             _, vb = fetch(b)
             raw, out = fetch(c)  # C's own bytes: a strided C keeps what lies between its elements
             xa, xb = va.astype(compute), vb.astype(compute)
-            if tf32:  # a TF32 tensor-core engine: float32 products of inputs rounded to 10 mantissa bits
-                xa, xb = round_to_tf32(xa), round_to_tf32(xb)
-            out[...] = np.matmul(xa, xb).astype(out.dtype)
+            if att is not None:
+                xv = fetch(att.v)[1].astype(compute)
+                xbias = fetch(att.bias)[1].astype(compute) if att.bias is not None else None
+                out[...] = reference_attention(xa, xb, xv, float(att.scale), xbias).astype(out.dtype)
+            else:
+                if tf32:  # a TF32 tensor-core engine: float32 products of inputs rounded to 10 mantissa bits
+                    xa, xb = round_to_tf32(xa), round_to_tf32(xb)
+                out[...] = np.matmul(xa, xb).astype(out.dtype)
             copy(ptrs[c.uid], raw.ctypes.data, raw.size, f"tensor {c.name}")
 
         stream.submit(run if emulator.config.run_kernels else _nothing)
+
+
+def reference_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
+                        bias: np.ndarray | None = None) -> np.ndarray:
+    """``softmax(scale * q·kᵀ + bias)·v`` over ``[B, H, L, E]``, ``[B, Hk, S, E]``, ``[B, Hv, S, Ev]`` in the inputs'
+    (float) dtype; k and v heads are repeated to H (grouped queries), the bias broadcasts."""
+    h = q.shape[1]
+    k = np.repeat(k, h // k.shape[1], axis=1)
+    v = np.repeat(v, h // v.shape[1], axis=1)
+    logits = np.matmul(q, np.swapaxes(k, -1, -2)) * q.dtype.type(scale)
+    if bias is not None:
+        logits = logits + bias
+    logits = logits - logits.max(axis=-1, keepdims=True)
+    e = np.exp(logits)
+    return np.matmul(e / e.sum(axis=-1, keepdims=True), v)
 
 
 def _nothing() -> None:
