@@ -310,6 +310,44 @@ def train_step(args) -> Row:
 
 
 @case
+def embed_minilm(args) -> Row | None:
+    """all-MiniLM-L6-v2 sentence embeddings, one batch of 32 (3-55 tokens) on the host, beside PyTorch eager
+    running the same weights; the first call (planning and any compiles) is reported apart from warm calls."""
+    from zyx.examples import embed
+
+    try:
+        path = embed.model_dir()
+        enc = embed.Encoder("host", path)
+    except (ModuleNotFoundError, FileNotFoundError) as e:
+        print(f"  skipped embed_minilm: {e}")
+        return None
+    batch = embed.SAMPLE_SENTENCES
+    zyx.debug.reset_stats()
+    t0 = time.perf_counter()
+    enc.encode(batch)
+    first = (time.perf_counter() - t0) * 1e3
+    first_compiles = zyx.debug.stats()["compiles"]
+    zyx.debug.reset_stats()
+    ms = median_ms(lambda: enc.encode(batch), max(args.repeats, 5), warmup=1)
+    compiles = zyx.debug.stats()["compiles"]
+    row = Row("MiniLM-L6 embeddings, batch of 32 sentences", ms,
+              note=f"{len(batch) / ms * 1e3:.0f} sentences/s; first call {first:.0f} ms with {first_compiles} "
+                   f"compiles; {compiles} compiles after warm-up")
+    if _torch() is not None:
+        from zyx.examples.embed_torch import TorchMiniLM
+
+        ref = TorchMiniLM(path)
+        ids, mask = enc.tokenize(batch)
+
+        def torch_encode():  # tokenizing included, as in zyx's encode
+            enc.tokenize(batch)
+            return ref.encode(ids, mask)
+
+        row.refs["torch"] = median_ms(torch_encode, max(args.repeats, 5), warmup=1)
+    return row
+
+
+@case
 def load_and_sum(args) -> Row:
     from zyx.backends.disk.bench_case import load_and_sum as run
 
