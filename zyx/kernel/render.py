@@ -100,6 +100,10 @@ class CStyleRenderer:
                 Ops.TAN: "tan", Ops.TANH: "tanh", Ops.ERF: "erf", Ops.SQRT: "sqrt"}[op]
         return base if d is dtypes.float64 else base + "f"
 
+    def select(self, cond: str, a: str, b: str, dtype) -> str:
+        """``cond ? a : b`` for values of ``dtype``."""
+        return f"({cond} ? {a} : {b})"
+
     def alu(self, e: Expr, a: list[str]) -> str:
         op, d = e.op, e.dtype
         sd = e.srcs[0].dtype if e.srcs else d
@@ -114,7 +118,7 @@ class CStyleRenderer:
         if op in (Ops.AND, Ops.OR):
             return f"({a[0]} {'&' if op is Ops.AND else '|'} {a[1]})"
         if op is Ops.WHERE:
-            return f"({a[0]} ? {a[1]} : {a[2]})"
+            return self.select(a[0], a[1], a[2], d)
         if op in (Ops.DIV, Ops.MOD):
             if fl:
                 return f"({a[0]} / {a[1]})" if op is Ops.DIV else f"fmod{suf}({a[0]}, {a[1]})"
@@ -124,7 +128,8 @@ class CStyleRenderer:
         if op in (Ops.MAX, Ops.MIN):
             c = ">" if op is Ops.MAX else "<"
             if fl:
-                return f"(({a[0]} {c} {a[1]} || {a[0]} != {a[0]}) ? {a[0]} : {a[1]})"
+                # "|", not "||": no short circuit (NaN propagates)
+                return self.select(f"(({a[0]} {c} {a[1]}) | ({a[0]} != {a[0]}))", a[0], a[1], d)
             return f"(({a[0]} {c} {a[1]}) ? {a[0]} : {a[1]})"
         if op is Ops.SHL:
             return f"zyx_shl_{sd.name}({a[0]}, {a[1]})"
@@ -155,6 +160,8 @@ class CStyleRenderer:
             return self.round_half(f"(float)({a})", d)
         if sd.is_float and d.is_int:
             return self.float_to_int(a, sd, d)
+        if sd is dtypes.bool_ and d in (dtypes.float32, dtypes.float64):
+            return self.select(a, "1.0f" if d is dtypes.float32 else "1.0", "0.0f" if d is dtypes.float32 else "0.0", d)
         return f"({self.reg_type(d)})({a})"
 
     def float_to_int(self, a: str, sd: DType, d: DType) -> str:
@@ -251,6 +258,16 @@ class CRenderer(CStyleRenderer):
 
     def prelude(self) -> str:
         return _HOST_PRELUDE
+
+    def select(self, cond: str, a: str, b: str, dtype) -> str:
+        # a float select as bit masks: GCC turns a ternary with a constant arm into control flow (under
+        # -ftrapping-math), and finds no vector type for a _Bool -> float conversion: either keeps the whole
+        # loop scalar (relu's gradient ran 20x slower)
+        if dtype is dtypes.float32:
+            return f"zyx__sel32({cond}, {a}, {b})"
+        if dtype is dtypes.float64:
+            return f"zyx__sel64({cond}, {a}, {b})"
+        return super().select(cond, a, b, dtype)
 
     def render(self, k: Kernel) -> str:
         lines: list[str] = []
