@@ -24,7 +24,8 @@ from zyx.utils import STATS, log
 
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 LAUNCH_OVERHEAD_NS = 4_000
-SINGLE_THREAD_FLOPS = 1 << 25
+SINGLE_THREAD_FLOPS = 1 << 25  # below: one thread (OpenBLAS's own threads wake too slowly to pay off)
+RUNNER_SINGLE_THREAD_FLOPS = 1 << 21  # the same for the OpenMP runner, whose team is already awake
 
 
 @dataclass(frozen=True)
@@ -203,7 +204,7 @@ class BlasDevice(Device):
         sp = self._splits.get(g)
         if sp is None:
             batch = math.prod(g.batch)
-            threads = 1 if 2 * g.m * g.n * g.k * batch < SINGLE_THREAD_FLOPS else self._info.compute_units
+            threads = 1 if 2 * g.m * g.n * g.k * batch < RUNNER_SINGLE_THREAD_FLOPS else self._info.compute_units
             along_n = g.m < 64 * threads < g.n  # rows unless there are too few of them
             span = g.n if along_n else g.m
             blocks = 1 if batch >= threads else max(1, min(-(-threads // batch), span // 32))

@@ -26,7 +26,7 @@ _CTYPES = {"bool": ctypes.c_bool, "int8": ctypes.c_int8, "uint8": ctypes.c_uint8
 # from the BLAS threads that usually run next (2.5x slower MLP forward on 2 cores). A short spin keeps
 # back-to-back kernels cheap. Set before libgomp starts; a user's own setting wins.
 if "OMP_WAIT_POLICY" not in os.environ:
-    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+    os.environ.setdefault("GOMP_SPINCOUNT", "100000")
 
 
 def cpu_count() -> int:
