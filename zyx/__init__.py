@@ -10,6 +10,7 @@ from zyx import debug
 from zyx.autograd import enable_grad, no_grad
 from zyx.backends.base import BackendError
 from zyx.backends.registry import ConfigError, registry
+from zyx.capture import CaptureError
 from zyx.dlpack import from_dlpack
 from zyx.dtypes import (
     DType,
@@ -28,6 +29,7 @@ from zyx.dtypes import (
     uint64,
 )
 from zyx.dtypes import bool_ as bool  # noqa: A001 - zyx.bool like torch.bool
+from zyx.jit import jit
 from zyx.tensor import (
     Tensor,
     broadcast_shapes,
@@ -92,5 +94,5 @@ __all__ = [
     "uint32", "uint64", "float16", "bfloat16", "float32", "float64", "promote_types", "zeros", "ones", "full",
     "arange", "linspace", "eye", "zeros_like", "ones_like", "full_like", "rand", "randn", "randint", "manual_seed",
     "cat", "stack", "where", "matmul", "realize", "no_grad", "enable_grad", "debug", "tensor", "broadcast_shapes",
-    "set_default_device", "default_device", "from_dlpack",
+    "set_default_device", "default_device", "from_dlpack", "jit", "CaptureError",
 ]

@@ -309,6 +309,79 @@ def train_step(args) -> Row:
     return row
 
 
+def _mlp_step_row(args, opt_name: str) -> Row:
+    """One training step of a 784-256-10 MLP, batch 64, cross-entropy, loss read with ``.item()`` each step:
+    zyx.jit (replay) beside the same step without jit and PyTorch eager."""
+    from zyx import nn, optim
+
+    rng = np.random.default_rng(11)
+    x = rng.random((64, 784), dtype=np.float32)
+    y = rng.integers(0, 10, size=64)
+
+    def make():
+        zyx.manual_seed(0)
+        model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10))
+        opt = optim.SGD(model.parameters(), lr=1e-2) if opt_name == "sgd" else optim.Adam(model.parameters())
+
+        def step(xb, yb):
+            loss = nn.functional.cross_entropy(model(xb), yb)
+            opt.zero_grad()
+            loss.backward()
+            opt.step(loss)
+            return loss
+
+        return step
+
+    jitted, plain = zyx.jit(make()), make()
+    reps = max(args.repeats, 30)
+    ms = median_ms(lambda: jitted(zyx.Tensor(x), zyx.Tensor(y)).item(), reps, warmup=3)
+    row = Row(f"train step MLP 784-256-10, batch 64, {opt_name}, zyx.jit", ms, note="replay of the captured step")
+    row.refs["no jit"] = median_ms(lambda: plain(zyx.Tensor(x), zyx.Tensor(y)).item(), reps, warmup=3)
+    torch = _torch()
+    if torch is not None:
+        torch.manual_seed(0)
+        tm = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+        topt = torch.optim.SGD(tm.parameters(), lr=1e-2) if opt_name == "sgd" else torch.optim.Adam(tm.parameters())
+
+        def step_torch():
+            loss = torch.nn.functional.cross_entropy(tm(torch.from_numpy(x)), torch.from_numpy(y))
+            topt.zero_grad()
+            loss.backward()
+            topt.step()
+            return loss.item()
+
+        row.refs["torch"] = median_ms(step_torch, reps, warmup=3)
+    return row
+
+
+@case
+def jit_step_sgd(args) -> Row:
+    return _mlp_step_row(args, "sgd")
+
+
+@case
+def jit_step_adam(args) -> Row:
+    return _mlp_step_row(args, "adam")
+
+
+@case
+def jit_tiny_chain(args) -> Row:
+    """200 chained tiny ops (the tiny_chain case) as a jitted function: the replay alone."""
+    s = np.random.default_rng(3).standard_normal(64).astype(np.float32)
+    S = zyx.Tensor(s).realize()
+
+    @zyx.jit
+    def chain(y):
+        for i in range(200):
+            y = y * 1.001 + 0.001 if i % 2 else (y - 0.5).relu()
+        return y
+
+    ms = median_ms(lambda: chain(S).realize(), max(args.repeats, 50), warmup=3)
+    row = Row("200 chained tiny ops (64 elems), zyx.jit replay", ms, note="one kernel, no graph built")
+    row.refs["no jit"] = median_ms(lambda: chain.fn(S).realize(), max(args.repeats, 20))
+    return row
+
+
 @case
 def embed_minilm(args) -> Row | None:
     """all-MiniLM-L6-v2 sentence embeddings, one batch of 32 (3-55 tokens) on the host, beside PyTorch eager

@@ -33,9 +33,10 @@ def kernel_source(*tensors) -> list[str]:
 
 
 def stats() -> dict[str, int]:
-    """Counters since start (or ``reset_stats``): compiles, launches, schedule_cache_hits, ..."""
+    """Counters since start (or ``reset_stats``): compiles, launches, schedule_cache_hits/misses, realizes,
+    copies, graph_nodes (graph classes built), jit_captures, jit_replays, ..."""
     out = {k: 0 for k in ("compiles", "launches", "schedule_cache_hits", "schedule_cache_misses", "realizes",
-                          "copies")}
+                          "copies", "graph_nodes", "jit_captures", "jit_replays")}
     out.update(STATS)
     return out
 

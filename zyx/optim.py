@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import zyx
+from zyx import capture
 from zyx.autograd import no_grad
 from zyx.tensor import Tensor
 
@@ -26,26 +27,43 @@ class Optimizer:
             raise ValueError(f"learning rate must be non-negative, got {lr}")
         self.lr = lr
         self._lr_vars: dict[str, Tensor] = {}
+        self._values: dict[str, float] = {}
 
     def zero_grad(self) -> None:
         for p in self.params:
             p.grad = None
 
-    def _scalar(self, name: str, value: float, device: str) -> Tensor:
-        """A launch-argument scalar (one per device), updated in place each step."""
+    def _scalar(self, name: str, device: str) -> Tensor:
+        """The launch-argument scalar ``name`` on ``device`` (one per device), holding this step's value."""
         key = f"{name}@{device}"
         v = self._lr_vars.get(key)
         if v is None:
-            v = Tensor.variable(float(value), zyx.float32, device)
+            v = Tensor.variable(float(self._values[name]), zyx.float32, device)
             self._lr_vars[key] = v
-        v.cls.var_value = float(value)
         return v
 
+    def _advance(self) -> None:
+        """Count one step and give every launch-argument scalar its value for it. A replay of a jitted step
+        runs this too (``capture.on_replay``): no graph is built, the counters still advance."""
+        self._count()
+        self._values = self._step_values()
+        for key, v in self._lr_vars.items():
+            v.cls.var_value = float(self._values[key.split("@", 1)[0]])
+
     def step(self, *realize_also: Tensor) -> None:
-        """Update every parameter with a gradient; ``realize_also`` (e.g. the loss) joins the same schedule."""
+        """Update every parameter with a gradient; ``realize_also`` (e.g. the loss) joins the same schedule.
+        Parameters and optimizer state are rebound in place (``Tensor.assign``): the same tensor objects."""
         with no_grad():
+            self._advance()
+            capture.on_replay(self._advance)
             updated = self._update()
             zyx.realize(*updated, *realize_also)
+
+    def _count(self) -> None:
+        raise NotImplementedError
+
+    def _step_values(self) -> dict[str, float]:
+        raise NotImplementedError
 
     def _update(self) -> list[Tensor]:
         raise NotImplementedError
@@ -61,8 +79,14 @@ class SGD(Optimizer):
         self.buffers = [_zeros_like(p) for p in self.params] if momentum else []
         self.steps = 0
 
-    def _update(self) -> list[Tensor]:
+    def _count(self) -> None:
         self.steps += 1
+
+    def _step_values(self) -> dict[str, float]:
+        # PyTorch: the first step's buffer is the gradient itself, later ones are dampened
+        return {"lr": self.lr, "gscale": 1.0 if self.steps == 1 else 1 - self.dampening}
+
+    def _update(self) -> list[Tensor]:
         out = []
         for i, p in enumerate(self.params):
             if p.grad is None:
@@ -71,14 +95,10 @@ class SGD(Optimizer):
             if self.weight_decay:
                 g = g + p.detach() * self.weight_decay
             if self.momentum:
-                # PyTorch: the first step's buffer is the gradient itself, later ones are dampened
-                gscale = self._scalar("gscale", 1.0 if self.steps == 1 else 1 - self.dampening, p.device)
-                b = self.buffers[i] * self.momentum + g * gscale
-                self.buffers[i] = b
+                b = self.buffers[i].assign(self.buffers[i] * self.momentum + g * self._scalar("gscale", p.device))
                 out.append(b)
                 g = g + b * self.momentum if self.nesterov else b
-            lr = self._scalar("lr", self.lr, p.device)
-            p.assign(p.detach() - lr * g)
+            p.assign(p.detach() - self._scalar("lr", p.device) * g)
             out.append(p)
         return out
 
@@ -98,8 +118,16 @@ class Adam(Optimizer):
         self.m = [_zeros_like(p) for p in self.params]
         self.v = [_zeros_like(p) for p in self.params]
 
-    def _update(self) -> list[Tensor]:
+    def _count(self) -> None:
         self.t += 1
+
+    def _step_values(self) -> dict[str, float]:
+        # lr * sqrt(1 - b2^t) / (1 - b1^t), and eps * sqrt(1 - b2^t): PyTorch's formulation
+        c2 = (1 - self.b2 ** self.t) ** 0.5
+        return {"step_size": self.lr * c2 / (1 - self.b1 ** self.t), "eps_hat": self.eps * c2,
+                "decay": self.lr * self.weight_decay}
+
+    def _update(self) -> list[Tensor]:
         out = []
         for i, p in enumerate(self.params):
             if p.grad is None:
@@ -108,15 +136,11 @@ class Adam(Optimizer):
             w = p.detach()
             if self.weight_decay and not self.decoupled:
                 g = g + w * self.weight_decay
-            m = self.m[i] * self.b1 + g * (1 - self.b1)
-            v = self.v[i] * self.b2 + (g * g) * (1 - self.b2)
-            self.m[i], self.v[i] = m, v
-            # lr * sqrt(1 - b2^t) / (1 - b1^t), and eps * sqrt(1 - b2^t): PyTorch's formulation
-            c2 = (1 - self.b2 ** self.t) ** 0.5
-            step = self._scalar("step_size", self.lr * c2 / (1 - self.b1 ** self.t), p.device)
-            eps = self._scalar("eps_hat", self.eps * c2, p.device)
+            m = self.m[i].assign(self.m[i] * self.b1 + g * (1 - self.b1))
+            v = self.v[i].assign(self.v[i] * self.b2 + (g * g) * (1 - self.b2))
+            step, eps = self._scalar("step_size", p.device), self._scalar("eps_hat", p.device)
             if self.weight_decay and self.decoupled:
-                w = w - w * self._scalar("decay", self.lr * self.weight_decay, p.device)
+                w = w - w * self._scalar("decay", p.device)
             p.assign(w - step * m / (v.sqrt() + eps))
             out += [m, v, p]
         return out

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from zyx import autograd as F
-from zyx import dtypes
+from zyx import capture, dtypes
 from zyx.backends.registry import canonical_name, registry
 from zyx.dtypes import DType
 from zyx.graph import ops as g
@@ -210,6 +210,7 @@ class Tensor:
 
     def numpy(self) -> np.ndarray:
         """A new NumPy array with the tensor's values (bfloat16 via ml_dtypes)."""
+        capture.forbid("reading a tensor's value (.numpy(), .item(), .tolist(), float(t), if t: ...)")
         self.realize()
         out = np.empty(self.shape, self.dtype.np_dtype)
         if out.nbytes:
@@ -1043,6 +1044,7 @@ class Tensor:
         v = value if isinstance(value, Tensor) else Tensor(value, dtype=self.dtype, device=self.device)
         if v.shape != self.shape:
             raise ValueError(f"assign: shape {v.shape} does not match {self.shape}")
+        capture.note_assign(self, self.cls)
         self.cls = v.cast(self.dtype).to(self.device).cls
         return self
 
@@ -1385,6 +1387,12 @@ def _random_bits(shape, device: str | None) -> Tensor:
     seed = Tensor._from_class(var_class(_seed[0], dtypes.uint64, dev))
     off = Tensor._from_class(var_class(_seed[1], dtypes.uint64, dev))
     _seed[1] += n
+
+    def advance(seed_cls=seed.cls, off_cls=off.cls) -> None:  # a replay draws new numbers, as a call would
+        seed_cls.var_value, off_cls.var_value = _seed[0], _seed[1]
+        _seed[1] += n
+
+    capture.on_replay(advance)
     i = Tensor._from_class(g.iota(n, dtypes.uint64, dev))
     z = (i + off + 1) * 0x9E3779B97F4A7C15 + seed
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9

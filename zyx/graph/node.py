@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from zyx.backends.base import Pool
 from zyx.dtypes import DType
+from zyx.utils import STATS
 
 
 class Op(enum.Enum):
@@ -193,6 +194,7 @@ _cache: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 def make(op: Op, srcs: tuple[Class, ...], arg, shape: tuple[int, ...], dtype: DType, device: str) -> Class:
     """The class computing ``op(srcs; arg)``: an existing one when the same node was built before."""
     if op is Op.VAR:
+        STATS["graph_nodes"] += 1
         return Class(shape, dtype, device, Node(op, srcs, arg))
     karg = ("f", arg.hex()) if op is Op.CONST and type(arg) is float else arg  # keeps -0.0 and nan apart
     key = (op, karg, dtype, device, shape, *map(id, srcs))
@@ -202,6 +204,7 @@ def make(op: Op, srcs: tuple[Class, ...], arg, shape: tuple[int, ...], dtype: DT
     c = Class(shape, dtype, device, Node(op, srcs, arg))
     c.key = key
     _cache[key] = c
+    STATS["graph_nodes"] += 1
     return c
 
 

@@ -220,20 +220,43 @@ def realize(outputs: list[Class]) -> None:
     p, leaves, outs = get_plan(outputs)
     if p is None:
         return
+    values = [c.buffer if c.realized else c.var_value for c in leaves]
+    STATS["realizes"] += 1
+    buffers = execute(p, values)
+    if recording is not None:
+        recording.append(Recorded(p, leaves, values, buffers))
+    for c, b in zip(outs, buffers):
+        c.set_buffer(b)
+
+
+@dataclass
+class Recorded:
+    """One realize seen while recording: its plan, its leaf classes and the values they had, its outputs."""
+
+    plan: Plan
+    leaves: list[Class]
+    values: list  # Buffer or scalar per leaf, as the plan read them
+    outputs: list[Buffer]
+
+
+recording: list[Recorded] | None = None  # set by a capture (zyx.jit): every realize is appended
+
+
+def execute(p: Plan, values: list) -> list[Buffer]:
+    """Run plan ``p`` on leaf ``values`` (a Buffer or scalar per leaf slot); return its output buffers, in order.
+
+    Every launch is issued before any output buffer is returned; intermediate buffers are released after
+    their last use."""
     table: list = [None] * p.n_slots
-    for i, c in enumerate(leaves):
-        table[i] = c.buffer if c.realized else c.var_value
+    table[:p.n_leaves] = values
     for s, pool, device, nbytes in p.alloc:
         table[s] = Buffer(pool, pool.allocate(nbytes), nbytes, device)
     pending = _resolve_aliases(p.aliases, table)
-    STATS["realizes"] += 1
     if p.batch_device is not None and not pending:  # every step a launch on one device: one batch
         launches = [(st.program, [a.id if isinstance(a, Buffer) else a for a in map(table.__getitem__, st.args)])
                     for st in p.steps]
         p.batch_device.launch_batch(p.key, launches)
-        for c, s in zip(outs, p.outputs):
-            c.set_buffer(table[s])
-        return
+        return [table[s] for s in p.outputs]
     for st, rel in zip(p.steps, p.release_after):
         if st.kind == "copy":
             table[st.args[1]] = _copy(st, table[st.args[0]])
@@ -243,8 +266,7 @@ def realize(outputs: list[Class]) -> None:
             pending = _resolve_aliases(pending, table)
         for r in rel:
             table[r] = None
-    for c, s in zip(outs, p.outputs):
-        c.set_buffer(table[s])
+    return [table[s] for s in p.outputs]
 
 
 def _resolve_aliases(aliases: list[tuple[int, int]], table: list) -> list[tuple[int, int]]:
