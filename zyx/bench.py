@@ -270,6 +270,19 @@ def tiny_chain(args) -> Row:
     return row
 
 
+def _torch_step(torch, model, opt, x: np.ndarray, y: np.ndarray) -> Callable[[], float]:
+    """One PyTorch eager training step (cross-entropy; the loss read with ``.item()``) on the same batch."""
+
+    def step() -> float:
+        loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return step
+
+
 @case
 def train_step(args) -> Row:
     """One Adam training step of the train_mlp example's model and batch (forward, backward, update)."""
@@ -297,15 +310,7 @@ def train_step(args) -> Row:
         tm = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Dropout(0.1),
                                  torch.nn.Linear(128, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
         topt = torch.optim.Adam(tm.parameters(), lr=1e-3)
-
-        def step_torch():
-            loss = torch.nn.functional.cross_entropy(tm(torch.from_numpy(x)), torch.from_numpy(y))
-            topt.zero_grad()
-            loss.backward()
-            topt.step()
-            return loss.item()
-
-        row.refs["torch"] = median_ms(step_torch, max(args.repeats, 20), 3)
+        row.refs["torch"] = median_ms(_torch_step(torch, tm, topt, x, y), max(args.repeats, 20), 3)
     return row
 
 
@@ -342,15 +347,7 @@ def _mlp_step_row(args, opt_name: str) -> Row:
         torch.manual_seed(0)
         tm = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
         topt = torch.optim.SGD(tm.parameters(), lr=1e-2) if opt_name == "sgd" else torch.optim.Adam(tm.parameters())
-
-        def step_torch():
-            loss = torch.nn.functional.cross_entropy(tm(torch.from_numpy(x)), torch.from_numpy(y))
-            topt.zero_grad()
-            loss.backward()
-            topt.step()
-            return loss.item()
-
-        row.refs["torch"] = median_ms(step_torch, reps, warmup=3)
+        row.refs["torch"] = median_ms(_torch_step(torch, tm, topt, x, y), reps, warmup=3)
     return row
 
 

@@ -200,24 +200,35 @@ def stream_handle(worker: Any, stream_index: int) -> Any:
     return h
 
 
-class CudnnPlan:
-    """A built cuDNN graph for one ``MatmulSpec``; a ``worker.LibraryProgram`` (arguments: A, B, C buffers)."""
+class GraphPlan:
+    """A built cuDNN graph for one spec; a ``worker.LibraryProgram``: ``run`` executes it on the stream's
+    handle and workspace with each tensor uid bound to its argument pointer plus ``offsets`` (bytes)."""
 
-    kinds = ("in", "in", "out")
+    kinds: tuple[str, ...] = ()
 
-    def __init__(self, spec: MatmulSpec, graph: Any, tensors: tuple[Any, Any, Any], workspace_bytes: int) -> None:
+    def __init__(self, spec: Any, graph: Any, tensors: tuple[Any, ...], workspace_bytes: int,
+                 offsets: tuple[int, ...]) -> None:
         self.spec = spec
         self.name = spec.name
         self.graph = graph
         self.uids = tuple(t.get_uid() for t in tensors)
         self.workspace_bytes = workspace_bytes
+        self.offsets = offsets
 
     def run(self, worker: Any, stream_index: int, pointers: tuple[int, ...]) -> None:
         handle = stream_handle(worker, stream_index)
         ws = worker.workspace(stream_index, self.workspace_bytes)
-        a, b, c = pointers
-        pack = {self.uids[0]: a + self.spec.a_offset, self.uids[1]: b + self.spec.b_offset, self.uids[2]: c}
+        pack = {uid: p + off for uid, p, off in zip(self.uids, pointers, self.offsets)}
         self.graph.execute(pack, ws, handle=handle)
+
+
+class CudnnPlan(GraphPlan):
+    """The plan of one ``MatmulSpec`` (arguments: A, B, C buffers)."""
+
+    kinds = ("in", "in", "out")
+
+    def __init__(self, spec: MatmulSpec, graph: Any, tensors: tuple[Any, Any, Any], workspace_bytes: int) -> None:
+        super().__init__(spec, graph, tensors, workspace_bytes, (spec.a_offset, spec.b_offset, 0))
 
 
 def build_plan(worker: Any, spec: MatmulSpec) -> CudnnPlan:

@@ -37,6 +37,7 @@ from zyx.backends.cuda.cudnn import (
     LAUNCH_OVERHEAD_NS,
     SHORT,
     CudnnUnsupported,
+    GraphPlan,
     _cudnn,
     _merge_batch,
     finish_plan,
@@ -182,23 +183,12 @@ def describe(spec: SdpaSpec, cudnn: Any = None, handle: Any = None) -> tuple[Any
     return g, (q, k, v) + ((bias,) if bias is not None else ()) + (o,)
 
 
-class SdpaPlan:
-    """A built cuDNN SDPA graph for one ``SdpaSpec``; a ``worker.LibraryProgram`` (arguments: q, k, v[, bias], O)."""
+class SdpaPlan(GraphPlan):
+    """The plan of one ``SdpaSpec`` (arguments: q, k, v[, bias], O)."""
 
     def __init__(self, spec: SdpaSpec, graph: Any, tensors: tuple[Any, ...], workspace_bytes: int) -> None:
-        self.spec = spec
-        self.name = spec.name
+        super().__init__(spec, graph, tensors, workspace_bytes, spec.offsets[:len(spec.kinds) - 1] + (0,))
         self.kinds = spec.kinds
-        self.graph = graph
-        self.uids = tuple(t.get_uid() for t in tensors)
-        self.workspace_bytes = workspace_bytes
-
-    def run(self, worker: Any, stream_index: int, pointers: tuple[int, ...]) -> None:
-        handle = stream_handle(worker, stream_index)
-        ws = worker.workspace(stream_index, self.workspace_bytes)
-        offsets = self.spec.offsets[:len(pointers) - 1] + (0,)
-        pack = {uid: p + off for uid, p, off in zip(self.uids, pointers, offsets)}
-        self.graph.execute(pack, ws, handle=handle)
 
 
 def build_plan(worker: Any, spec: SdpaSpec) -> SdpaPlan:
