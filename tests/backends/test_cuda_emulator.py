@@ -473,3 +473,33 @@ def test_captured_graphs_are_bounded_and_destroyed_behind_their_launches(machine
     assert w.call(lambda: sorted(w.graphs)) == [2, 3]
     machine.device.sync()
     assert len(machine.emu._execs) == 2  # the evicted graphs were destroyed once their launches were done
+
+
+def test_upload_from_the_callers_pinned_buffer_needs_no_staging_and_frees_with_the_array():
+    if "cuda:0" not in zyx.registry().placements():
+        pytest.skip("the emulated GPU is off (ZYX_CUDA_EMULATE=0)")
+    import gc
+
+    pool = zyx.registry().get("cuda:0").pool
+    worker = pool.worker
+    n = 3 << 20
+    pin = pool.pinned(n)
+    pin[:] = np.arange(n) % 253
+    bid = pool.allocate(n)
+    try:
+        staged = worker.call(lambda: worker.staging.in_use)
+        pool.host_to_pool(memoryview(pin[:n]), bid)
+        assert worker.call(lambda: worker.staging.in_use) == staged  # no pinned staging block taken
+        out = np.empty(n, np.uint8)
+        pool.pool_to_host(bid, memoryview(out))
+        np.testing.assert_array_equal(out, pin)
+        part = pin[5:]
+        del pin
+        gc.collect()
+        assert len(worker.call(lambda: dict(worker.pinned))) == 1  # a view still holds it
+        del part
+        gc.collect()
+        pool.sync()
+        assert worker.call(lambda: dict(worker.pinned)) == {}
+    finally:
+        pool.release(bid)

@@ -24,10 +24,11 @@ def human_bytes(n: int) -> str:
 
 @dataclass
 class Staging:
-    """One pinned host block (``size`` bytes at ``ptr``)."""
+    """One pinned host block (``size`` bytes at ``ptr``); ``borrowed``: the caller's pinned memory, never pooled."""
 
     ptr: int
     size: int
+    borrowed: bool = False
 
 
 class StagingPool:
@@ -60,6 +61,8 @@ class StagingPool:
         return blk
 
     def release(self, blk: Staging) -> None:
+        if blk.borrowed:
+            return
         self.in_use -= blk.size
         if self.cached + blk.size <= self.cache_limit:
             self.free.setdefault(blk.size, []).append(blk)

@@ -16,7 +16,9 @@ Invariants:
 
 from __future__ import annotations
 
+import ctypes
 import threading
+import weakref
 
 import numpy as np
 
@@ -85,6 +87,15 @@ class CudaPool(Pool):
             if not dst.flags.writeable:
                 raise BackendError(ErrorStatus.COPY, f"{self.name}: pool_to_host needs a writable destination")
             self.worker.download(buffer, dst.ctypes.data, dst.size)
+
+    def pinned(self, nbytes: int) -> np.ndarray:
+        """A uint8 array of ``nbytes`` in pinned host memory (freed when the array is collected). ``host_to_pool``
+        from it returns once the copy is queued, no staging copy: write to it again only after a sync point
+        (``sync``, a read-back), as with PyTorch's non-blocking copies from pinned memory."""
+        ptr = self.worker.pin(nbytes)
+        raw = (ctypes.c_uint8 * max(nbytes, 1)).from_address(ptr)
+        weakref.finalize(raw, self.worker.unpin, ptr)  # every array made from it keeps ``raw`` alive
+        return np.frombuffer(raw, np.uint8)[:nbytes]
 
     def host_to_pool(self, src: memoryview, buffer: BufferId) -> None:
         arr = np.frombuffer(src, np.uint8)

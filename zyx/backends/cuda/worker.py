@@ -271,6 +271,14 @@ class Worker:
         if nbytes:
             self.call(self._w_upload, address, nbytes, buffer)
 
+    def pin(self, nbytes: int) -> int:
+        """Pinned host memory the caller owns: an upload from inside it is queued with no staging copy."""
+        return self.call(self._w_pin, nbytes)
+
+    def unpin(self, address: int) -> None:
+        """Free memory from ``pin`` once every copy queued from it is done."""
+        self.post(self._w_unpin, address)
+
     def download(self, buffer: int, address: int, nbytes: int) -> None:
         """Copy the first ``nbytes`` of ``buffer`` to host ``address``; a sync point."""
         self.call(self._w_download, buffer, address, nbytes)
@@ -420,6 +428,7 @@ class Worker:
         else:
             self.allocator = CachingAllocator(drv)
         self.staging = StagingPool(drv, self.config.staging_block, self.config.staging_limit)
+        self.pinned: dict[int, int] = {}  # caller-owned pinned host memory (``pin``): address -> bytes
         self.base_free = drv.mem_get_info()[0]
         log("dev", f"{self.name}: {self.device_name}, sm_{self.attrs['COMPUTE_CAPABILITY_MAJOR']}"
                    f"{self.attrs['COMPUTE_CAPABILITY_MINOR']}, {human_bytes(self.total_memory)}, "
@@ -595,11 +604,29 @@ class Worker:
         self._enqueue(Pending("d2d", f"copy {self.name}->{self.name} ({human_bytes(nbytes)})", (src,), (dst,),
                               nbytes))
 
+    def _w_pin(self, nbytes: int) -> int:
+        ptr = self.drv.host_alloc(max(nbytes, 1))
+        self.pinned[ptr] = max(nbytes, 1)
+        return ptr
+
+    def _w_unpin(self, address: int) -> None:
+        if self.pinned.pop(address, None) is not None:
+            if self.fatal is None:
+                self._w_drain()  # copies queued from it finish first
+            self.drv.host_free(address)
+
+    def _pinned_region(self, address: int, n: int) -> bool:
+        return any(start <= address and address + n <= start + size for start, size in self.pinned.items())
+
     def _w_upload(self, address: int, nbytes: int, buffer: int) -> None:
         self._usable()
         buf = self._live(buffer)
         n = min(nbytes, buf.nbytes)
         name = f"copy host->{self.name} ({human_bytes(n)})"
+        if self._pinned_region(address, n):  # the caller's pinned memory: copied from where it is
+            self._enqueue(Pending("h2d", name, (), (buffer,), ([(0, Staging(address, n, borrowed=True), n)],
+                                                               n == buf.nbytes)))
+            return
         segments: list[tuple[int, Staging, int]] = []
         full = True
         off = 0
