@@ -10,7 +10,8 @@ the backend asks whether it is emulated, it only loads these bindings instead of
   stream-ordered allocation is pending);
 - ``streams``: one thread per stream, seeded random delays, events;
 - ``kernels``: the CUDA C a cubin came from, compiled for the CPU (threads as fibers);
-- ``cudnn_double``: a reference matmul standing in for cuDNN (a test double, named so in ``python -m zyx``).
+- ``cudnn_double``: reference matmul and attention (SDPA) standing in for cuDNN (a test double, named so in
+  ``python -m zyx``).
 
 Environment (read when the driver is created): ``ZYX_CUDA_EMULATE=nokernels`` (every call accepted and ordered,
 kernel bodies and copy payloads skipped: host overhead alone), ``ZYX_CUDA_EMULATE_SEED`` (stream delays, default 0),
