@@ -49,7 +49,8 @@ from zyx.utils import STATS
 
 CACHE_SIZE = 16  # captured signatures per jitted function (least recently used dropped)
 
-# where a recorded plan's leaf comes from: ("arg", i) | ("made", record, output) | ("state", k) | ("const", v)
+# where a recorded plan's leaf comes from: ("arg", i) | ("made", record, output) | ("state", k) | ("var", class)
+# | ("const", buffer)
 Binding = tuple
 
 

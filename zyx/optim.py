@@ -26,7 +26,7 @@ class Optimizer:
         if lr < 0:
             raise ValueError(f"learning rate must be non-negative, got {lr}")
         self.lr = lr
-        self._lr_vars: dict[str, Tensor] = {}
+        self._lr_vars: dict[tuple[str, str], Tensor] = {}  # (name, device) -> launch-argument scalar
         self._values: dict[str, float] = {}
 
     def zero_grad(self) -> None:
@@ -35,11 +35,9 @@ class Optimizer:
 
     def _scalar(self, name: str, device: str) -> Tensor:
         """The launch-argument scalar ``name`` on ``device`` (one per device), holding this step's value."""
-        key = f"{name}@{device}"
-        v = self._lr_vars.get(key)
+        v = self._lr_vars.get((name, device))
         if v is None:
-            v = Tensor.variable(float(self._values[name]), zyx.float32, device)
-            self._lr_vars[key] = v
+            v = self._lr_vars[(name, device)] = Tensor.variable(float(self._values[name]), zyx.float32, device)
         return v
 
     def _advance(self) -> None:
@@ -47,8 +45,8 @@ class Optimizer:
         runs this too (``capture.on_replay``): no graph is built, the counters still advance."""
         self._count()
         self._values = self._step_values()
-        for key, v in self._lr_vars.items():
-            v.cls.var_value = float(self._values[key.split("@", 1)[0]])
+        for (name, _), v in self._lr_vars.items():
+            v.cls.var_value = float(self._values[name])
 
     def step(self, *realize_also: Tensor) -> None:
         """Update every parameter with a gradient; ``realize_also`` (e.g. the loss) joins the same schedule.

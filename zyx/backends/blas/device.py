@@ -99,7 +99,7 @@ class BlasDevice(Device):
         self._pool = pool
         self._programs: dict[int, Gemm] = {}
         self._ids: dict[Gemm, int] = {}
-        self._splits: dict[Gemm, _Split] = {}
+        self._splits: dict[int, _Split] = {}  # program -> its split (an int key: hashing a Gemm costs per launch)
         self._compiler = compiler if compiler is not None and compiler.openmp else None
         self._threaded: threaded.ThreadedGemm | None | bool = None  # False: could not be built
         self._int_type = ctypes.c_int
@@ -132,7 +132,7 @@ class BlasDevice(Device):
         gemm = self._programs.pop(program, None)
         if gemm is not None:
             self._ids.pop(gemm, None)
-            self._splits.pop(gemm, None)
+            self._splits.pop(program, None)
 
     # ---- matching ---------------------------------------------------------------------------------------------
     def match_graph(self, graph, outputs) -> None:
@@ -166,7 +166,7 @@ class BlasDevice(Device):
             return
         runner = self._runner()
         if runner is not None:
-            sp = self._split(g)
+            sp = self._splits.get(program) or self._split(program, g)
             runner.run(size, sp.threads, g.trans_a, g.trans_b, g.m, g.n, g.k, a, g.lda, b, g.ldb, c, g.ldc,
                        sp.offsets, sp.blocks, sp.along_n)
             return
@@ -200,16 +200,15 @@ class BlasDevice(Device):
                     log("dev", f"blas: threaded GEMM runner unavailable ({e.context}); OpenBLAS threads itself")
         return self._threaded or None
 
-    def _split(self, g: Gemm) -> _Split:
-        sp = self._splits.get(g)
-        if sp is None:
-            batch = math.prod(g.batch)
-            threads = 1 if 2 * g.m * g.n * g.k * batch < RUNNER_SINGLE_THREAD_FLOPS else self._info.compute_units
-            along_n = g.m < 64 * threads < g.n  # rows unless there are too few of them
-            span = g.n if along_n else g.m
-            blocks = 1 if batch >= threads else max(1, min(-(-threads // batch), span // 32))
-            sp = self._splits[g] = _Split(threads, blocks, along_n, threaded.batch_offsets(
-                g.batch, g.a_offset, g.b_offset, g.a_batch, g.b_batch, g.c_batch))
+    def _split(self, program: ProgramId, g: Gemm) -> _Split:
+        """How ``program``'s GEMM is spread over the runner's threads (computed once per program)."""
+        batch = math.prod(g.batch)
+        threads = 1 if 2 * g.m * g.n * g.k * batch < RUNNER_SINGLE_THREAD_FLOPS else self._info.compute_units
+        along_n = g.m < 64 * threads < g.n  # rows unless there are too few of them
+        span = g.n if along_n else g.m
+        blocks = 1 if batch >= threads else max(1, min(-(-threads // batch), span // 32))
+        sp = self._splits[program] = _Split(threads, blocks, along_n, threaded.batch_offsets(
+            g.batch, g.a_offset, g.b_offset, g.a_batch, g.b_batch, g.c_batch))
         return sp
 
     def _numpy_gemm(self, g: Gemm, args: Sequence[int]) -> None:
