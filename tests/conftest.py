@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 
@@ -42,6 +43,23 @@ def pytest_generate_tests(metafunc):
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
+
+
+@contextlib.contextmanager
+def host_without_blas():
+    """Within the block the host has no BLAS device: matmuls and attention take the generated path."""
+    from zyx.backends.registry import registry
+    from zyx.graph import schedule
+
+    pl = registry().get("host")
+    saved = list(pl.devices)
+    pl.devices[:] = [d for d in saved if d.info().kind != "blas"]
+    schedule.clear_cache()
+    try:
+        yield
+    finally:
+        pl.devices[:] = saved
+        schedule.clear_cache()
 
 
 def assert_close(got, want, rtol: float = 1e-5, atol: float = 1e-6, dtype=None) -> None:

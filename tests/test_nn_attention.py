@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+from conftest import host_without_blas
 
 import zyx
 from zyx import nn
@@ -154,11 +155,7 @@ def _score_kernels(launches, score_shape):
     return [s for s in launches if s.kind == "generated" and tag in s.name]
 
 
-@pytest.mark.parametrize("mask", [None, "bool", "float", "causal"])
-def test_sdpa_scale_mask_and_softmax_are_one_kernel(rng, mask):
-    """The attention weights (scale, mask add, max, exp, sum, normalize) are one generated kernel over the scores
-    (the matmuls go to BLAS or are fused in); a bool or float mask adds at most two small ones (which rows may see
-    any key, and zeroing the rows that may not)."""
+def _sdpa_case(rng, mask):
     q, k, v = (zyx.Tensor(_randn(rng, 2, 4, 16, 8)) for _ in range(3))
     kw = {}
     if mask == "bool":
@@ -167,10 +164,33 @@ def test_sdpa_scale_mask_and_softmax_are_one_kernel(rng, mask):
         kw["attn_mask"] = zyx.Tensor(_randn(rng, 2, 1, 16, 16))
     elif mask == "causal":
         kw["is_causal"] = True
-    launches = zyx.debug.schedule(F.scaled_dot_product_attention(q, k, v, **kw))
+    return F.scaled_dot_product_attention(q, k, v, **kw)
+
+
+@pytest.fixture
+def without_blas():
+    with host_without_blas():
+        yield
+
+
+@pytest.mark.parametrize("mask", [None, "bool", "float", "causal"])
+def test_sdpa_scale_mask_and_softmax_are_one_kernel(rng, mask, without_blas):
+    """Generated: the attention weights (scale, mask add, max, exp, sum, normalize) are one kernel over the scores
+    (the matmuls fused in); a bool or float mask adds at most two small ones (which rows may see any key, and
+    zeroing the rows that may not)."""
+    launches = zyx.debug.schedule(_sdpa_case(rng, mask))
     assert len(_score_kernels(launches, (2, 4, 16, 16))) == 1, launches
     extra = 2 if mask in ("bool", "float") else 0
     assert len(launches) <= 3 + extra, launches
+
+
+@pytest.mark.parametrize("mask", [None, "bool", "float", "causal"])
+def test_sdpa_on_the_host_is_one_fused_attention_launch(rng, mask):
+    """With BLAS, the host runs the whole attention as one library launch: no generated kernel over the scores."""
+    launches = zyx.debug.schedule(_sdpa_case(rng, mask))
+    fused = [s for s in launches if s.kind == "library" and "attention" in s.name]
+    assert len(fused) == 1 and not _score_kernels(launches, (2, 4, 16, 16)), launches
+    assert len(launches) <= 1 + (3 if mask in ("bool", "float", "causal") else 0), launches
 
 
 # ---- functional forms ------------------------------------------------------------------------------------------

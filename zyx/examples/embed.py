@@ -113,16 +113,30 @@ class BertSelfAttention(nn.Module):
         h = cfg["hidden_size"]
         self.heads = cfg["num_attention_heads"]
         self.query, self.key, self.value = nn.Linear(h, h), nn.Linear(h, h), nn.Linear(h, h)
+        self._qkv: tuple[zyx.Tensor, zyx.Tensor] | None = None  # fused (3h, h) weight and (3h,) bias
+
+    def fuse_qkv(self) -> None:
+        """For inference: project q, k and v with one (3h, h) matmul, a copy of the three weights made now (one
+        wider GEMM runs faster than three; the heads are strided views of its output, no copies). A later change
+        to ``query``/``key``/``value`` is not seen until ``fuse_qkv`` runs again; gradients do not reach them."""
+        lins = (self.query, self.key, self.value)
+        with zyx.no_grad():
+            self._qkv = (zyx.cat([m.weight for m in lins], 0).realize(), zyx.cat([m.bias for m in lins], 0).realize())
 
     def _split(self, x: zyx.Tensor) -> zyx.Tensor:
         b, n, h = x.shape
         return x.reshape(b, n, self.heads, h // self.heads).permute(0, 2, 1, 3)
 
     def forward(self, x: zyx.Tensor, mask: zyx.Tensor) -> zyx.Tensor:
-        q, k, v = self._split(self.query(x)), self._split(self.key(x)), self._split(self.value(x))
+        h = x.shape[2]
+        if self._qkv is None:
+            q, k, v = self._split(self.query(x)), self._split(self.key(x)), self._split(self.value(x))
+        else:
+            qkv = F.linear(x, *self._qkv)
+            q, k, v = (self._split(qkv[:, :, i * h:(i + 1) * h]) for i in range(3))
         ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         b, _, n, _ = ctx.shape
-        return ctx.permute(0, 2, 1, 3).reshape(b, n, x.shape[2])
+        return ctx.permute(0, 2, 1, 3).reshape(b, n, h)
 
 
 class BertOutput(nn.Module):
@@ -216,6 +230,8 @@ class Encoder:
             self.model.to(self.device)
         for p in self.model.parameters():
             p.requires_grad = False
+        for layer in self.model.encoder.layer:
+            layer.attention.self.fuse_qkv()
 
     def tokenize(self, sentences: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Token ids and attention mask (int64, (n, longest rounded up to ``PAD_MULTIPLE``)), padded on the right

@@ -15,7 +15,7 @@ import numpy as np
 
 from zyx import dtypes
 from zyx.backends.base import BackendError, Device, DeviceInfo, ErrorStatus, ProgramId
-from zyx.backends.blas import threaded
+from zyx.backends.blas import attention, threaded
 from zyx.backends.host.device import cpu_count
 from zyx.backends.host.pool import HostPool
 from zyx.graph import ops as g
@@ -26,6 +26,7 @@ ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 LAUNCH_OVERHEAD_NS = 4_000
 SINGLE_THREAD_FLOPS = 1 << 25  # below: one thread (OpenBLAS's own threads wake too slowly to pay off)
 RUNNER_SINGLE_THREAD_FLOPS = 1 << 21  # the same for the OpenMP runner, whose team is already awake
+SOFTMAX_NS_PER_ELEMENT = 0.25  # the fused attention's softmax, on one compute unit, per score
 
 
 @dataclass(frozen=True)
@@ -97,11 +98,13 @@ class BlasDevice(Device):
 
     def __init__(self, pool: HostPool, compiler=None) -> None:
         self._pool = pool
-        self._programs: dict[int, Gemm] = {}
-        self._ids: dict[Gemm, int] = {}
+        self._programs: dict[int, Gemm | attention.AttentionPlan] = {}
+        self._ids: dict[Gemm | attention.AttentionPlan, int] = {}
         self._splits: dict[int, _Split] = {}  # program -> its split (an int key: hashing a Gemm costs per launch)
+        self._prepared: dict[int, attention.Prepared] = {}  # attention program -> its offsets and scratch
         self._compiler = compiler if compiler is not None and compiler.openmp else None
         self._threaded: threaded.ThreadedGemm | None | bool = None  # False: could not be built
+        self._attention: attention.AttentionRunner | None | bool = None  # False: could not be built
         self._int_type = ctypes.c_int
         found = _find_cblas()
         self.backend = "cblas" if found else "numpy.matmul"
@@ -133,6 +136,7 @@ class BlasDevice(Device):
         if gemm is not None:
             self._ids.pop(gemm, None)
             self._splits.pop(program, None)
+            self._prepared.pop(program, None)
 
     # ---- matching ---------------------------------------------------------------------------------------------
     def match_graph(self, graph, outputs) -> None:
@@ -143,20 +147,43 @@ class BlasDevice(Device):
             if planned is None:
                 continue
             gemm, inputs = planned
-            pid = self._ids.get(gemm)
-            if pid is None:
-                pid = len(self._programs) + 1
-                while pid in self._programs:
-                    pid += 1
-                self._programs[pid] = gemm
-                self._ids[gemm] = pid
             gflops = self._info.peak_gflops / (2 if gemm.dtype is dtypes.float64 else 1)
             est = mm.flops / gflops + LAUNCH_OVERHEAD_NS * max(1, math.prod(gemm.batch) // 8)
-            graph.add_alternative(mm.cls, LibraryKernel(self, pid, inputs, est, gemm.name, gemm))
+            graph.add_alternative(mm.cls, LibraryKernel(self, self._program(gemm), inputs, est, gemm.name, gemm))
+        if self.backend == "cblas" and self._compiler is not None:
+            self._offer_attentions(graph)
+
+    def _program(self, plan: Gemm | attention.AttentionPlan) -> ProgramId:
+        pid = self._ids.get(plan)
+        if pid is None:
+            pid = len(self._programs) + 1
+            while pid in self._programs:
+                pid += 1
+            self._programs[pid] = plan
+            self._ids[plan] = pid
+        return pid
+
+    def _offer_attentions(self, graph) -> None:
+        """A fused attention alternative (``attention.py``) for every host attention the kernel can run."""
+        for att in graph.attentions():
+            if att.cls.device != "host" or self._attention_runner() is None:
+                continue
+            plan = attention.plan_attention(att)
+            if isinstance(plan, str):
+                log("sched", f"host: no fused attention for {att.cls.shape}: {plan}")
+                continue
+            gflops = self._info.peak_gflops / (2 if plan.dtype is dtypes.float64 else 1)
+            softmax_ns = math.prod(plan.batch) * plan.L * plan.S * SOFTMAX_NS_PER_ELEMENT / self._info.compute_units
+            est = plan.flops / gflops + softmax_ns + LAUNCH_OVERHEAD_NS * max(1, math.prod(plan.batch) // 8)
+            inputs = (att.q.base, att.k.base, att.v.base) + ((att.mask.base,) if att.mask is not None else ())
+            graph.add_alternative(att.cls, LibraryKernel(self, self._program(plan), inputs, est, plan.name, plan))
 
     # ---- running ----------------------------------------------------------------------------------------------
     def launch(self, program: ProgramId, args: Sequence[int]) -> None:
         g = self._programs[program]
+        if type(g) is attention.AttentionPlan:
+            self._launch_attention(program, g, args)
+            return
         a, b, c = (self._pool.address(x) for x in args)
         size = g.dtype.itemsize
         STATS["launches"] += 1
@@ -199,6 +226,31 @@ class BlasDevice(Device):
                 except BackendError as e:
                     log("dev", f"blas: threaded GEMM runner unavailable ({e.context}); OpenBLAS threads itself")
         return self._threaded or None
+
+    def _launch_attention(self, program: ProgramId, plan: attention.AttentionPlan, args: Sequence[int]) -> None:
+        STATS["launches"] += 1
+        STATS["library_launches"] += 1
+        runner = self._attention
+        prep = self._prepared.get(program)
+        if prep is None:
+            threads = 1 if plan.flops < RUNNER_SINGLE_THREAD_FLOPS else self._info.compute_units
+            prep = self._prepared[program] = runner.prepare(plan, threads)
+        addr = [self._pool.address(x) for x in args]
+        mask = addr[3] if plan.mask is not None else None
+        runner.run(plan, prep, addr[0], addr[1], addr[2], mask, addr[-1])
+
+    def _attention_runner(self) -> attention.AttentionRunner | None:
+        """The fused attention kernel, compiled at the first attention planned; None when it cannot be built
+        (then attention is not offered and runs as GEMMs and generated kernels)."""
+        if self._attention is None:
+            self._attention = False
+            try:
+                lib = self._compiler.compile(attention.source(self._int_type), "zyx_attention")
+                self._attention = attention.AttentionRunner(lib, self._sgemm, self._dgemm, self._set_threads,
+                                                            self._int_type)
+            except BackendError as e:
+                log("dev", f"blas: fused attention kernel unavailable ({e.context})")
+        return self._attention or None
 
     def _split(self, program: ProgramId, g: Gemm) -> _Split:
         """How ``program``'s GEMM is spread over the runner's threads (computed once per program)."""

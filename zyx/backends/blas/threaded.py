@@ -82,13 +82,18 @@ class ThreadedGemm:
            offsets.ctypes.data, blocks, int(along_n))
 
 
+def strided_offsets(batch: Sequence[int], operands: Sequence[tuple[int, Sequence[int]]]) -> np.ndarray:
+    """(prod(batch), len(operands)) int64 element offsets, in row-major batch order, of operands given as
+    (offset, strides over ``batch``)."""
+    idx = np.indices(tuple(batch), dtype=np.int64).reshape(len(batch), -1).T if batch else np.zeros((1, 0),
+                                                                                                   np.int64)
+    out = np.empty((idx.shape[0], len(operands)), np.int64)
+    for j, (offset, strides) in enumerate(operands):
+        out[:, j] = offset + idx @ np.asarray(strides, np.int64).reshape(-1)
+    return np.ascontiguousarray(out)
+
+
 def batch_offsets(batch: Sequence[int], a_offset: int, b_offset: int, a_batch: Sequence[int],
                   b_batch: Sequence[int], c_batch: Sequence[int]) -> np.ndarray:
     """(prod(batch), 3) int64 element offsets of A, B and C for every batch index, in row-major batch order."""
-    idx = np.indices(tuple(batch), dtype=np.int64).reshape(len(batch), -1).T if batch else np.zeros((1, 0),
-                                                                                                   np.int64)
-    out = np.empty((idx.shape[0], 3), np.int64)
-    out[:, 0] = a_offset + idx @ np.asarray(a_batch, np.int64).reshape(-1)
-    out[:, 1] = b_offset + idx @ np.asarray(b_batch, np.int64).reshape(-1)
-    out[:, 2] = idx @ np.asarray(c_batch, np.int64).reshape(-1)
-    return np.ascontiguousarray(out)
+    return strided_offsets(batch, [(a_offset, a_batch), (b_offset, b_batch), (0, c_batch)])
