@@ -10,6 +10,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 
@@ -64,15 +65,45 @@ class Function:
         raise NotImplementedError
 
     tensor_type: type = None  # zyx.Tensor, set when zyx.tensor is imported (avoids an import cycle)
+    # ``forward`` without the context, for outputs that record none (no input needs grad, or grad mode off):
+    # a function of the input classes (and keywords) building exactly the graph ``forward`` builds; None: none.
+    direct = None
 
     @classmethod
     def apply(cls, *tensors, **kw):
-        ctx = cls(*tensors)
-        out = Function.tensor_type._from_class(ctx.forward(*[t.cls for t in tensors], **kw))
-        if True in ctx.needs and getattr(_state, "enabled", True):
+        """Build the forward graph of ``tensors`` (the context's parents); the output records the context only
+        when grad mode is on and an input requires grad. (``Function.__init__`` inlined: this is the per-op hot
+        path.)"""
+        n = len(tensors)
+        if n == 2:
+            a, b = tensors
+            if cls.direct is not None and not ((a.requires_grad or b.requires_grad)
+                                               and getattr(_state, "enabled", True)):
+                return _from_class(cls.direct(a.cls, b.cls, **kw))  # no context to record
+        elif n == 1:
+            a = tensors[0]
+            if cls.direct is not None and not (a.requires_grad and getattr(_state, "enabled", True)):
+                return _from_class(cls.direct(a.cls, **kw))
+        ctx = _new(cls)
+        ctx.parents = tensors
+        if n == 1:
+            needs = ctx.needs = (a.requires_grad,)
+            c = ctx.forward(a.cls, **kw) if kw else ctx.forward(a.cls)
+        elif n == 2:
+            needs = ctx.needs = (a.requires_grad, b.requires_grad)
+            c = ctx.forward(a.cls, b.cls, **kw) if kw else ctx.forward(a.cls, b.cls)
+        else:
+            needs = ctx.needs = tuple([t.requires_grad for t in tensors])
+            c = ctx.forward(*[t.cls for t in tensors], **kw)
+        out = _from_class(c)
+        if True in needs and getattr(_state, "enabled", True):
             out.requires_grad = True
             out._ctx = ctx
         return out
+
+
+_new = object.__new__
+_from_class = None  # zyx.Tensor._from_class, set when zyx.tensor is imported (avoids an import cycle)
 
 
 def _const_like(x: Class, v) -> Class:
@@ -498,3 +529,35 @@ class Contiguous(Function):
 
     def backward(self, grad):
         return (grad,)
+
+
+# ---- context-free forwards (``Function.direct``): each builds exactly the graph of its ``forward`` ------------
+
+for _fn, _op in ((Add, Op.ADD), (Sub, Op.SUB), (Mul, Op.MUL), (Div, Op.DIV), (Pow, Op.POW), (Maximum, Op.MAX),
+                 (Minimum, Op.MIN)):
+    _fn.direct = functools.partial(g.binary, _op)
+for _fn in Unary.__subclasses__():
+    _fn.direct = functools.partial(g.unary, _fn.op)
+
+
+def _direct(fn):
+    return staticmethod(fn)
+
+
+def _reduce_direct(kind: str):
+    return staticmethod(lambda x, axes=(): g.reduce(kind, x, axes))
+
+
+Max.direct, Min.direct = _reduce_direct("max"), _reduce_direct("min")
+Cast.direct = _direct(lambda x, dtype=None: g.cast(x, dtype))
+Sum.direct = _direct(lambda x, axes=(): g.reduce("add", x, axes))
+Prod.direct = _direct(lambda x, axes=(): g.reduce("mul", x, axes))
+Scan.direct = _direct(lambda x, op="add", axis=0: g.scan(op, x, axis))
+Reshape.direct = _direct(lambda x, shape=(): g.reshape(x, shape))
+Permute.direct = _direct(lambda x, order=(): g.permute(x, order))
+Expand.direct = _direct(lambda x, shape=(): g.expand(x, shape))
+Pad.direct = _direct(lambda x, pads=(), fill=0: g.pad(x, pads, fill))
+Shrink.direct = _direct(lambda x, spec=(): g.shrink(x, spec))
+Gather.direct = _direct(lambda x, index, axis=0: g.gather(x, index, axis))
+Copy.direct = _direct(lambda x, device="": g.copy_to(x, device))
+Contiguous.direct = _direct(g.contiguous)

@@ -50,8 +50,9 @@ def backward(root, gradient=None) -> None:
             for p, gi, need in zip(ctx.parents, gins, ctx.needs):
                 if not need or gi is None:
                     continue
-                if gi.dtype is not p.dtype:
-                    gi = g.cast(gi, p.dtype)
+                pd = p.cls.dtype
+                if gi.dtype is not pd:
+                    gi = g.cast(gi, pd)
                 if p._ctx is not None:
                     prev = grads.get(id(p))
                     grads[id(p)] = gi if prev is None else g.binary(g.Op.ADD, prev, gi)

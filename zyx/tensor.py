@@ -26,6 +26,7 @@ from zyx.graph.node import Buffer, Class, Op, leaf
 from zyx.graph.node import var as var_class
 
 Scalar = int | float | bool
+_new = object.__new__
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -59,6 +60,27 @@ def _norm_axes(axis, ndim: int) -> tuple[int, ...]:
 
 
 def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    if len(shapes) == 2:  # hot path (every binary op of two tensors)
+        a, b = shapes
+        if a == b:
+            return tuple(a)
+        la, lb = len(a), len(b)
+        if la != lb:
+            a, b = (1,) * (lb - la) + tuple(a), (1,) * (la - lb) + tuple(b)
+        out = []
+        for x, y in zip(a, b):
+            if x == y or y == 1:
+                out.append(x)
+            elif x == 1:
+                out.append(y)
+            else:
+                return _broadcast_general(shapes)
+        return tuple(out)
+    return _broadcast_general(shapes)
+
+
+def _broadcast_general(shapes) -> tuple[int, ...]:
+    """Broadcast any number of shapes; raises naming the shapes and the first axis that disagrees."""
     nd = max(len(s) for s in shapes)
     out = []
     for i in range(nd):
@@ -134,7 +156,7 @@ class Tensor:
 
     @classmethod
     def _from_class(cls, c: Class) -> Tensor:
-        t = object.__new__(cls)
+        t = _new(cls)
         t.cls = c
         t.requires_grad = False
         t.grad = None
@@ -206,7 +228,7 @@ class Tensor:
         return self
 
     def _on_compute(self) -> Tensor:
-        return self.to(registry().default_device()) if self.device == "disk" else self
+        return self.to(registry().default_device()) if self.cls.device == "disk" else self
 
     def numpy(self) -> np.ndarray:
         """A new NumPy array with the tensor's values (bfloat16 via ml_dtypes)."""
@@ -320,11 +342,12 @@ class Tensor:
 
     # ---- dtype -----------------------------------------------------------------------------------------------
     def cast(self, dtype) -> Tensor:
-        d = dtypes.to_dtype(dtype)
-        if d is self.dtype:
+        d = dtype if type(dtype) is DType else dtypes.to_dtype(dtype)
+        if d is self.cls.dtype:
             return self
         x = self._on_compute()
-        return F.Cast.apply(x, dtype=d) if d.is_float and x.dtype.is_float else Tensor._from_class(g.cast(x.cls, d))
+        return F.Cast.apply(x, dtype=d) if d.kind == "f" and x.cls.dtype.kind == "f" else \
+            _from_class(g.cast(x.cls, d))
 
     astype = cast
 
@@ -348,22 +371,31 @@ class Tensor:
         """Promote and broadcast ``self`` and ``other`` for an elementwise binary op."""
         a = self if self.cls.device != "disk" else self._on_compute()
         t = type(other)
-        if t is float or t is int or t is bool:  # hot path: Python scalars
-            d = dtypes.scalar_dtype(other, a.cls.dtype)
-            if t is int and d.is_int:
-                lo, hi = dtypes.int_range(d)
-                if not lo <= other <= hi:
-                    raise OverflowError(f"Python integer {other} out of bounds for {d.name}")
-            if d is not a.cls.dtype:
+        if t is float or t is int or t is bool:  # hot path: Python scalars (dtypes.scalar_dtype, inlined)
+            c = a.cls
+            ad = c.dtype
+            if t is float:
+                d = ad if ad.kind == "f" else dtypes.default_float
+            elif t is int:
+                d = ad if ad.kind != "b" else dtypes.default_int
+                if d.kind in "iu":
+                    lo, hi = dtypes.int_range(d)
+                    if not lo <= other <= hi:
+                        raise OverflowError(f"Python integer {other} out of bounds for {d.name}")
+            else:
+                d = ad
+            if d is not ad:
                 a = a.cast(d)
-            b = Tensor._from_class(g.const(other, a.cls.shape, d, a.cls.device))
+                c = a.cls
+            b = _from_class(g.const(other, c.shape, d, c.device))
             return (b, a) if reverse else (a, b)
         if isinstance(other, Tensor):
             b = other._on_compute()
-            if a.device != b.device:
+            if a.cls.device != b.cls.device:
                 raise ValueError(f"expected all tensors on the same device, got {a.device} and {b.device}; "
                                  "move one with .to(...)")
-            d = dtypes.promote_types(a.dtype, b.dtype)
+            da, db = a.cls.dtype, b.cls.dtype
+            d = da if da is db else dtypes.promote_types(da, db)
         elif isinstance(other, (bool, int, float, np.generic)):
             if isinstance(other, np.generic):
                 other = other.item()
@@ -377,19 +409,26 @@ class Tensor:
             return self._operand(Tensor(other, device=a.device), reverse=reverse)
         else:
             raise TypeError(f"unsupported operand type {type(other).__name__} for a Tensor op")
-        a, b = a.cast(d), b.cast(d)
-        if a.shape != b.shape:
-            shape = broadcast_shapes(a.shape, b.shape)
+        if a.cls.dtype is not d:
+            a = a.cast(d)
+        if b.cls.dtype is not d:
+            b = b.cast(d)
+        sa, sb = a.cls.shape, b.cls.shape
+        if sa != sb:
+            shape = broadcast_shapes(sa, sb)
             a, b = a._broadcast_to(shape), b._broadcast_to(shape)
         return (b, a) if reverse else (a, b)
 
     def _broadcast_to(self, shape: tuple[int, ...]) -> Tensor:
-        if self.shape == shape:
+        """``self`` broadcast to ``shape``, which the caller has checked it broadcasts to."""
+        s = self.cls.shape
+        if s == shape:
             return self
-        nd = len(shape)
         x = self._on_compute()
-        x = x if x.ndim == nd else x.reshape((1,) * (nd - x.ndim) + x.shape)
-        return F.Expand.apply(x, shape=shape) if x.shape != shape else x
+        if len(s) != len(shape):
+            s = (1,) * (len(shape) - len(s)) + s
+            x = F.Reshape.apply(x, shape=s)
+        return F.Expand.apply(x, shape=shape) if s != shape else x
 
     def broadcast_to(self, shape) -> Tensor:
         shape = _shape_arg(shape)
@@ -413,11 +452,11 @@ class Tensor:
 
     def __add__(self, o):
         a, b = self._operand(o)
-        return F.Add.apply(a, b) if a.dtype.kind != "b" else a | b
+        return F.Add.apply(a, b) if a.cls.dtype.kind != "b" else a | b
 
     def __radd__(self, o):
         a, b = self._operand(o, reverse=True)
-        return F.Add.apply(a, b) if a.dtype.kind != "b" else a | b
+        return F.Add.apply(a, b) if a.cls.dtype.kind != "b" else a | b
 
     def __sub__(self, o):
         a, b = self._operand(o)
@@ -431,11 +470,11 @@ class Tensor:
 
     def __mul__(self, o):
         a, b = self._operand(o)
-        return F.Mul.apply(a, b) if a.dtype.kind != "b" else a & b
+        return F.Mul.apply(a, b) if a.cls.dtype.kind != "b" else a & b
 
     def __rmul__(self, o):
         a, b = self._operand(o, reverse=True)
-        return F.Mul.apply(a, b) if a.dtype.kind != "b" else a & b
+        return F.Mul.apply(a, b) if a.cls.dtype.kind != "b" else a & b
 
     def __truediv__(self, o):
         a, b = self._operand(o)
@@ -596,7 +635,7 @@ class Tensor:
         return (x >= 0).where(1 / (1 + e), e / (1 + e))
 
     def relu(self):
-        return self.maximum(0) if self.dtype.kind != "b" else self
+        return self.maximum(0) if self.cls.dtype.kind != "b" else self
 
     def leaky_relu(self, negative_slope: float = 0.01):
         return (self > 0).where(self, self * negative_slope)
@@ -853,7 +892,12 @@ class Tensor:
 
     # ---- movement --------------------------------------------------------------------------------------------
     def reshape(self, *shape) -> Tensor:
-        shape = list(_shape_arg(shape))
+        shape = _shape_arg(shape)
+        if shape == self.cls.shape:
+            return self
+        if -1 not in shape and math.prod(shape) == self.cls.numel and (not shape or min(shape) >= 0):
+            return F.Reshape.apply(self._on_compute(), shape=shape)
+        shape = list(shape)
         n = self.numel()
         if shape.count(-1) > 1:
             raise ValueError(f"reshape: only one dimension can be -1, got {tuple(shape)}")
@@ -871,7 +915,10 @@ class Tensor:
     view = reshape
 
     def permute(self, *order) -> Tensor:
-        order = tuple(_shape_arg(order))
+        order = _shape_arg(order)
+        nd = len(self.cls.shape)
+        if len(order) == nd and set(order) == set(range(nd)):  # hot path: already normalized
+            return self if order == tuple(range(nd)) else F.Permute.apply(self._on_compute(), order=order)
         if sorted(_norm_axis(o, self.ndim) for o in order) != list(range(self.ndim)) or len(order) != self.ndim:
             raise ValueError(f"permute: {order} is not a permutation of the {self.ndim} axes of shape {self.shape}")
         order = tuple(_norm_axis(o, self.ndim) for o in order)
@@ -1050,6 +1097,7 @@ class Tensor:
 
 
 F.Function.tensor_type = Tensor
+F._from_class = _from_class = Tensor._from_class
 
 # ---------------------------------------------------------------------------------------------------------------
 # module-level op helpers
@@ -1069,6 +1117,11 @@ def _shape_arg(shape) -> tuple[int, ...]:
         shape = shape[0]
     if isinstance(shape, (int, np.integer)):
         shape = (shape,)
+    for s in shape:
+        if type(s) is not int:
+            break
+    else:  # hot path: plain ints (bools and NumPy integers take the checks below)
+        return tuple(shape)
     out = []
     for s in shape:
         if not isinstance(s, (int, np.integer)) or isinstance(s, bool):
@@ -1132,7 +1185,7 @@ def _sum_dtype(d: DType) -> DType:
 
 
 def _no_bool(what: str, a: Tensor) -> None:
-    if a.dtype.kind == "b":
+    if a.cls.dtype.kind == "b":
         raise TypeError(f"cannot {what} bool tensors; use logical_xor or cast to an integer dtype first")
 
 

@@ -4,7 +4,8 @@ Invariants:
 - A ``Class`` is one value (shape, dtype, device). ``nodes[0]`` is the node the tensor op built; devices may
   append alternatives (``Op.KERNEL`` library nodes) that compute the same value.
 - Node construction is hash-consed: the same op on the same input classes with the same argument returns
-  the existing class (free CSE). The cache holds classes weakly, so a class no live tensor reaches is freed.
+  the existing class (free CSE). The cache holds classes weakly, so a class no live tensor reaches is freed
+  (and leaves the cache at once).
 - A realized class holds a ``Buffer`` and no nodes: its inputs are released, and it leaves the hash-cons
   cache (its key named classes that may be gone).
 - Shapes are tuples of non-negative ints; ``REDUCE`` keeps reduced axes as size 1.
@@ -13,6 +14,7 @@ Invariants:
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import weakref
 from dataclasses import dataclass
@@ -179,31 +181,75 @@ class Class:
         """Become a leaf holding ``buffer``; forget how the value was computed."""
         self.buffer = buffer
         self.nodes = []
-        if self.key is not None:
-            if _cache.get(self.key) is self:
-                del _cache[self.key]
+        key = self.key
+        if key is not None:
+            ref = _cache.get(key)
+            if ref is not None and ref() is self:
+                del _cache[key]  # the weak reference goes with the entry: its callback never runs
             self.key = None
 
     def __repr__(self) -> str:
         return f"Class({self.op.name}, {self.shape}, {self.dtype.name}, {self.device})"
 
 
-_cache: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+# The hash-cons cache: key -> weak reference to the class. The key is ``(head, *srcs)`` with the head
+# ``(op, karg, dtype, device, shape)`` (the structure key reuses it); it holds the source classes themselves
+# (identity hashing), which the class holds anyway. Each reference's callback pops its own key: it can only run
+# while the entry still holds that very reference (replacing or deleting the entry frees the reference, and a
+# freed reference never calls back), so it never removes a newer class's entry. All of it runs in C: no Python
+# call per node built or freed.
+_cache: dict = {}
+_ref = weakref.ref
+_pop = _cache.pop
+_partial = functools.partial
+_CONST, _VAR, _PAD = Op.CONST, Op.VAR, Op.PAD
+
+
+def _float_key(v):
+    """A float as a cache-key part: itself when equality is exact identity of value, else its bit pattern
+    (0.0 and -0.0 compare equal, NaN equals nothing)."""
+    return v if v and v == v else ("f", v.hex())
 
 
 def make(op: Op, srcs: tuple[Class, ...], arg, shape: tuple[int, ...], dtype: DType, device: str) -> Class:
-    """The class computing ``op(srcs; arg)``: an existing one when the same node was built before."""
-    if op is Op.VAR:
+    """The class computing ``op(srcs; arg)``: an existing one when the same node was built before.
+
+    Invariant: two live unrealized classes never share a key, so equal keys mean the same value."""
+    if op is _VAR:
         STATS["graph_nodes"] += 1
         return Class(shape, dtype, device, Node(op, srcs, arg))
-    karg = ("f", arg.hex()) if op is Op.CONST and type(arg) is float else arg  # keeps -0.0 and nan apart
-    key = (op, karg, dtype, device, shape, *map(id, srcs))
-    c = _cache.get(key)
-    if c is not None:
-        return c
+    if op is _CONST:
+        karg = _float_key(arg) if type(arg) is float else arg
+    elif op is _PAD and type(arg[1]) is float:
+        karg = (arg[0], _float_key(arg[1]))
+    else:
+        karg = arg
+    key = ((op, karg, dtype, device, shape), *srcs)
+    ref = _cache.get(key)
+    if ref is not None:
+        c = ref()
+        if c is not None:
+            return c
     c = Class(shape, dtype, device, Node(op, srcs, arg))
     c.key = key
-    _cache[key] = c
+    _cache[key] = _ref(c, _partial(_pop, key))
+    STATS["graph_nodes"] += 1
+    return c
+
+
+def make_const(value, shape: tuple[int, ...], dtype: DType, device: str) -> Class:
+    """``make(Op.CONST, (), value, shape, dtype, device)`` (the same key, so the same class), without the branches
+    for other ops: constants are built once per scalar operand."""
+    karg = (value if value and value == value else ("f", value.hex())) if type(value) is float else value
+    key = ((_CONST, karg, dtype, device, shape),)
+    ref = _cache.get(key)
+    if ref is not None:
+        c = ref()
+        if c is not None:
+            return c
+    c = Class(shape, dtype, device, Node(_CONST, (), value))
+    c.key = key
+    _cache[key] = _ref(c, _partial(_pop, key))
     STATS["graph_nodes"] += 1
     return c
 

@@ -10,13 +10,33 @@ import math
 
 from zyx import dtypes
 from zyx.dtypes import DType
-from zyx.graph.node import BINARY, Class, Op, make
+from zyx.graph.node import BINARY, Class, Op, make, make_const
 
 COMPARISONS = frozenset({Op.CMPLT, Op.CMPLE, Op.CMPEQ, Op.CMPNE, Op.ISNAN, Op.ISINF})
 
 
+# (value, dtype) -> dtypes.as_python(value, dtype), for nonzero, non-NaN Python ints and floats. Exact: values
+# that compare equal (1, 1.0, True) give equal results in every dtype, and the ones that compare equal while
+# differing (0.0, -0.0, 0) or never compare equal (NaN) are not kept. Bounded: cleared when full.
+_ROUNDED: dict = {}
+_ROUNDED_MAX = 4096
+
+
 def const(value, shape: tuple[int, ...], dtype: DType, device: str) -> Class:
-    return make(Op.CONST, (), dtypes.as_python(value, dtype), tuple(shape), dtype, device)
+    t = type(value)
+    if (t is float or t is int) and value and value == value:
+        k = (value, dtype)
+        v = _ROUNDED.get(k)
+        if v is None:
+            v = dtypes.as_python(value, dtype)
+            if len(_ROUNDED) >= _ROUNDED_MAX:
+                _ROUNDED.clear()
+            _ROUNDED[k] = v
+    elif t is int and not value:  # integer zero (relu's 0): as_python's result, without NumPy
+        v = 0.0 if dtype.kind == "f" else (False if dtype.kind == "b" else 0)
+    else:
+        v = dtypes.as_python(value, dtype)
+    return make_const(v, tuple(shape), dtype, device)
 
 
 def iota(n: int, dtype: DType, device: str) -> Class:
@@ -56,8 +76,8 @@ def reduce(op: str, x: Class, axes: tuple[int, ...]) -> Class:
     if not axes:
         return x
     shape = tuple(1 if i in axes else s for i, s in enumerate(x.shape))
-    if x.op is Op.EXPAND:
-        src = x.srcs[0]
+    if _op(x) is Op.EXPAND:
+        src = x.nodes[0].srcs[0]
         copied = {i for i, (s, o) in enumerate(zip(src.shape, x.shape)) if s != o}
         if op in _IDEMPOTENT or not copied & set(axes):
             return expand(reduce(op, src, tuple(a for a in axes if a not in copied)), shape)
@@ -71,17 +91,25 @@ def scan(op: str, x: Class, axis: int) -> Class:
     return make(Op.SCAN, (x,), (op, axis), x.shape, x.dtype, x.device)
 
 
+def _op(x: Class) -> Op:
+    """``x.op`` without the property call: a realized class has no nodes."""
+    n = x.nodes
+    return n[0].op if n else Op.BUFFER
+
+
 def reshape(x: Class, shape: tuple[int, ...]) -> Class:
     shape = tuple(shape)
     if shape == x.shape:
         return x
-    assert math.prod(shape) == x.numel, (x.shape, shape)
-    if x.op is Op.RESHAPE:
-        x = x.srcs[0]
+    assert math.prod(shape) == math.prod(x.shape), (x.shape, shape)
+    op = _op(x)
+    if op is Op.RESHAPE:
+        x = x.nodes[0].srcs[0]
         if x.shape == shape:
             return x
-    if x.op is Op.CONST:
-        return const(x.node.arg, shape, x.dtype, x.device)
+        op = _op(x)
+    if op is Op.CONST:
+        return const(x.nodes[0].arg, shape, x.dtype, x.device)
     return make(Op.RESHAPE, (x,), shape, shape, x.dtype, x.device)
 
 
@@ -89,11 +117,12 @@ def permute(x: Class, order: tuple[int, ...]) -> Class:
     order = tuple(order)
     if order == tuple(range(len(order))):
         return x
-    if x.op is Op.CONST:
-        return const(x.node.arg, tuple(x.shape[o] for o in order), x.dtype, x.device)
-    if x.op is Op.PERMUTE:
-        inner = x.node.arg
-        return permute(x.srcs[0], tuple(inner[o] for o in order))
+    op = _op(x)
+    if op is Op.CONST:
+        return const(x.nodes[0].arg, tuple(x.shape[o] for o in order), x.dtype, x.device)
+    if op is Op.PERMUTE:
+        inner = x.nodes[0].arg
+        return permute(x.nodes[0].srcs[0], tuple(inner[o] for o in order))
     return make(Op.PERMUTE, (x,), order, tuple(x.shape[o] for o in order), x.dtype, x.device)
 
 
@@ -102,8 +131,8 @@ def expand(x: Class, shape: tuple[int, ...]) -> Class:
     if shape == x.shape:
         return x
     assert len(shape) == len(x.shape) and all(s == o or s == 1 for s, o in zip(x.shape, shape)), (x.shape, shape)
-    if x.op is Op.CONST:
-        return const(x.node.arg, shape, x.dtype, x.device)
+    if _op(x) is Op.CONST:
+        return const(x.nodes[0].arg, shape, x.dtype, x.device)
     return make(Op.EXPAND, (x,), shape, shape, x.dtype, x.device)
 
 

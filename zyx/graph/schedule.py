@@ -69,7 +69,7 @@ class Plan:
         return dev if type(dev).launch_batch is not Device.launch_batch else None
 
 
-_plans: OrderedDict = OrderedDict()
+_plans: OrderedDict = OrderedDict()  # _Key -> (that key, Plan), least recently used first
 
 
 def clear_cache() -> None:
@@ -78,52 +78,53 @@ def clear_cache() -> None:
 
 def collect(outputs: list[Class]) -> tuple[list[Class], list[Class]]:
     """Unrealized classes the outputs need (sources first) and the leaves they read (buffers, variables)."""
-    order: list[Class] = []
-    leaves: list[Class] = []
-    seen: set[int] = set()
-    var = Op.VAR
-    for out in outputs:
-        if id(out) in seen:
-            continue
-        stack: list = [out]
-        while stack:
-            c = stack.pop()
-            if c.__class__ is _Done:
-                order.append(c.c)
-                continue
-            if id(c) in seen:
-                continue
-            seen.add(id(c))
-            if c.buffer is not None or c.nodes[0].op is var:
-                leaves.append(c)
-                continue
-            stack.append(_Done(c))
-            stack.extend(reversed(c.nodes[0].srcs))
+    order, leaves, _ = walk(outputs)
     return order, leaves
 
 
-class _Done:
-    __slots__ = ("c",)
+def walk(outputs: list[Class]) -> tuple[list[Class], list[Class], tuple]:
+    """One depth-first pass over what ``outputs`` need: the unrealized classes (sources first), the leaves
+    (buffers, launch-argument scalars, in first-visit order) and the graph's structure key.
 
-    def __init__(self, c: Class) -> None:
-        self.c = c
-
-
-def structure_key(order: list[Class], leaves: list[Class], outputs: list[Class]) -> tuple:
-    index: dict[int, int] = {}
+    The key is flat: per visited class, in visit order, a tuple (its hash-cons head: op, arg, dtype, device,
+    shape; a leaf's kind, shape, dtype, device) followed by the ints naming its sources (the key positions
+    of their tuples); then "out" and the outputs' positions. A tuple starts every entry, so the key is exact,
+    not a hash: equal keys mean the same graph up to which buffers and scalar values the leaves hold, and one
+    plan serves both. Sources are visited left to right: the order follows the graph's shape, not how it was
+    built."""
+    order: list[Class] = []
+    leaves: list[Class] = []
     parts: list = []
-    for c in leaves:
-        index[id(c)] = len(index)
-        parts.append(("var" if c.buffer is None else "leaf", c.shape, c.dtype, c.device))
-    for c in order:
-        index[id(c)] = len(index)
-        n = c.nodes[0]
-        arg = n.arg
-        if type(arg) is float:
-            arg = arg.hex()
-        parts.append((n.op, arg, c.shape, c.dtype, c.device, *[index[id(s)] for s in n.srcs]))
-    parts.append(tuple(index[id(o)] for o in outputs))
-    return tuple(parts)
+    index: dict[Class, int] = {}  # class (identity) -> key position; -1 while its sources are being visited
+    get, at_of = index.get, index.__getitem__
+    add, extend = parts.append, parts.extend
+    var = Op.VAR
+    for out in outputs:
+        if out in index:
+            continue
+        stack: list = [out]
+        pop, push, spread = stack.pop, stack.append, stack.extend
+        while stack:
+            c = pop()
+            at = get(c)
+            if at is not None:
+                if at < 0:  # every source is finished (a DAG: none can still be open above this class)
+                    index[c] = len(parts)
+                    add(c.key[0])
+                    extend(map(at_of, c.nodes[0].srcs))
+                    order.append(c)
+                continue
+            if c.buffer is not None or c.nodes[0].op is var:
+                index[c] = len(parts)
+                add(("leaf" if c.buffer is not None else "var", c.shape, c.dtype, c.device))
+                leaves.append(c)
+                continue
+            index[c] = -1
+            push(c)
+            spread(c.nodes[0].srcs[::-1])  # finished ones are skipped when popped
+    add("out")
+    extend(map(at_of, outputs))
+    return order, leaves, tuple(parts)
 
 
 def plan(order: list[Class], leaves: list[Class], outputs: list[Class]) -> Plan:
@@ -200,19 +201,35 @@ def get_plan(outputs: list[Class]) -> tuple[Plan | None, list[Class], list[Class
             outs.append(o)
     if not outs:
         return None, [], []
-    order, leaves = collect(outs)
-    key = structure_key(order, leaves, outs)
-    p = _plans.get(key)
-    if p is not None:
-        _plans.move_to_end(key)
+    order, leaves, parts = walk(outs)
+    key = _Key(parts)
+    entry = _plans.get(key)
+    if entry is not None:
+        stored, p = entry
+        _plans.move_to_end(stored)  # the stored key itself: its hash is kept and identity settles equality
         STATS["schedule_cache_hits"] += 1
     else:
         STATS["schedule_cache_misses"] += 1
         p = deep_call(plan, order, leaves, outs)
-        _plans[key] = p
+        _plans[key] = (key, p)
         if len(_plans) > SCHEDULE_CACHE_SIZE:
             _plans.popitem(last=False)
     return p, leaves, outs
+
+
+class _Key:
+    """A structure key (``walk``'s exact tuple) with its hash computed once: equality compares the tuples."""
+
+    __slots__ = ("parts", "hash")
+
+    def __init__(self, parts: tuple) -> None:
+        self.parts, self.hash = parts, hash(parts)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, _Key) and self.parts == other.parts)
 
 
 def realize(outputs: list[Class]) -> None:

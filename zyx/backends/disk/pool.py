@@ -225,12 +225,15 @@ class DiskPool(Pool):
         if n:
             dst[:] = src
 
-    def host_view(self, buffer: BufferId) -> np.ndarray:
+    def host_view(self, buffer: BufferId, align: int = 1) -> np.ndarray | None:
         """A read-only, zero-copy uint8 view of the buffer's bytes (pages are read when touched); the view
-        keeps the mapping alive. Counted in ``bytes_read`` like a copy."""
+        keeps the mapping alive. Counted in ``bytes_read`` like a copy. None (nothing counted) when the bytes
+        do not start at a multiple of ``align``."""
         with self._lock:
             f, off, n, _ = self._entry(buffer)
             view = f.view(off, n)
+            if view.ctypes.data % align:
+                return None
             self.bytes_read += n
             self.reads += 1
         return view

@@ -37,12 +37,31 @@ def cpu_count() -> int:
 
 
 class _Program:
-    __slots__ = ("fn", "kinds", "var_types", "name", "lib", "source")
+    """A compiled kernel and its packed launch arguments.
+
+    ``packed`` holds argument arrays built once (a ``void*`` per parameter; a variable's slot points at its own
+    ctypes scalar) that launches refill in place: only buffer addresses and variable values change. An array
+    is taken out of the list while a launch uses it (list pop/append are atomic), so two threads launching the
+    same program never share one."""
+
+    __slots__ = ("fn", "kinds", "var_types", "name", "lib", "source", "packed")
 
     def __init__(self, fn, kernel: Kernel, lib, source: str) -> None:
         self.fn, self.lib, self.source, self.name = fn, lib, source, kernel.name
         self.kinds = tuple(p.kind for p in kernel.params)
         self.var_types = tuple(_CTYPES[p.dtype.name] if p.kind == "var" else None for p in kernel.params)
+        self.packed: list[tuple] = []
+
+    def new_packed(self) -> tuple:
+        """A fresh (array, [(index, scalar or None)]) for this program's parameters."""
+        arr = (ctypes.c_void_p * len(self.var_types))()
+        slots = []
+        for i, t in enumerate(self.var_types):
+            v = None if t is None else t()
+            if v is not None:
+                arr[i] = ctypes.addressof(v)
+            slots.append((i, v))
+        return arr, slots
 
 
 class HostDevice(Device):
@@ -97,39 +116,44 @@ class HostDevice(Device):
     def source(self, program: ProgramId) -> str:
         return self._programs[program].source
 
-    def _pack(self, prog: _Program, args: Sequence[int]):
+    def _pack(self, prog: _Program, args: Sequence[int]) -> tuple:
+        """A packed argument array of ``prog`` holding ``args`` (taken from ``prog.packed``; give it back)."""
         if len(args) != len(prog.kinds):
             raise BackendError(ErrorStatus.LAUNCH, f"kernel {prog.name} takes {len(prog.kinds)} arguments, "
                                f"got {len(args)}")
-        keep = []
-        addrs = []
+        packed = prog.packed.pop() if prog.packed else prog.new_packed()
+        arr, slots = packed
         address = self._pool.address
-        for a, t in zip(args, prog.var_types):
-            if t is None:
-                addrs.append(address(a))
+        for (i, v), a in zip(slots, args):
+            if v is None:
+                arr[i] = address(a)
             else:
-                v = t(a)
-                keep.append(v)
-                addrs.append(ctypes.addressof(v))
-        return (ctypes.c_void_p * len(addrs))(*addrs), keep
+                v.value = a
+        return packed
 
     def launch(self, program: ProgramId, args: Sequence[int]) -> None:
         prog = self._programs[program]
-        arr, _keep = self._pack(prog, args)
+        packed = self._pack(prog, args)
         STATS["launches"] += 1
-        if debug_on("launch"):
-            t0 = time.perf_counter()
-            prog.fn(arr)
-            log("launch", f"{prog.name} {(time.perf_counter() - t0) * 1e6:.1f} us")
-        else:
-            prog.fn(arr)
+        try:
+            if debug_on("launch"):
+                t0 = time.perf_counter()
+                prog.fn(packed[0])
+                log("launch", f"{prog.name} {(time.perf_counter() - t0) * 1e6:.1f} us")
+            else:
+                prog.fn(packed[0])
+        finally:
+            prog.packed.append(packed)
 
     def launch_timed(self, program: ProgramId, args: Sequence[int]) -> int:
         prog = self._programs[program]
-        arr, _keep = self._pack(prog, args)
-        t0 = time.perf_counter_ns()
-        prog.fn(arr)
-        return time.perf_counter_ns() - t0
+        packed = self._pack(prog, args)
+        try:
+            t0 = time.perf_counter_ns()
+            prog.fn(packed[0])
+            return time.perf_counter_ns() - t0
+        finally:
+            prog.packed.append(packed)
 
     def release(self, program: ProgramId) -> None:
         prog = self._programs.pop(program, None)

@@ -32,6 +32,7 @@ class HostPool(Pool):
     def __init__(self, cache_limit: int = 1 << 30) -> None:
         self._lock = threading.Lock()
         self._bufs: dict[int, list] = {}  # id -> [raw array (None: wrapped), aligned view, refcount, on_release]
+        self._addresses: dict[int, int] = {}  # id -> address of its first byte (``.ctypes.data`` costs ~1 us)
         self._cache: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
         self._cached_bytes = 0
         self._next = 1
@@ -49,6 +50,7 @@ class HostPool(Pool):
             bid = self._next
             self._next += 1
             self._bufs[bid] = [raw, view[:nbytes], 1]
+            self._addresses[bid] = view.ctypes.data
             return bid
 
     def _fresh(self, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -72,15 +74,22 @@ class HostPool(Pool):
             bid = self._next
             self._next += 1
             self._bufs[bid] = [None, memory.reshape(-1).view(np.uint8), 1, on_release]
+            self._addresses[bid] = memory.ctypes.data
             return bid
 
     def import_buffer(self, src_pool: Pool, src: BufferId) -> BufferId | None:
-        """Zero-copy access to ``src`` when its pool can expose host memory (the disk pool's mappings)."""
+        """Zero-copy access to ``src`` when its pool exposes it as host memory (the disk pool's mappings) at an
+        ``ALIGN``-byte boundary; None otherwise, and the caller copies it into an aligned buffer. (A tensor in a
+        safetensors file starts wherever the header ends: read in place at an 8-byte boundary, MiniLM's weights
+        made its GEMMs 7% slower.)"""
         view = getattr(src_pool, "host_view", None)
         if view is None:
             return None
+        memory = view(src, ALIGN)
+        if memory is None:
+            return None
         src_pool.retain(src)
-        return self.wrap(view(src), lambda: src_pool.release(src))
+        return self.wrap(memory, lambda: src_pool.release(src))
 
     def retain(self, buffer: BufferId) -> None:
         with self._lock:
@@ -93,6 +102,7 @@ class HostPool(Pool):
             if b[2] > 0:
                 return
             del self._bufs[buffer]
+            del self._addresses[buffer]
             raw = b[0]
             if raw is None:  # wrapped memory: hand it back to its owner
                 if len(b) > 3 and b[3] is not None:
@@ -108,7 +118,7 @@ class HostPool(Pool):
         return self._bufs[buffer][1].nbytes
 
     def address(self, buffer: BufferId) -> int:
-        return self._bufs[buffer][1].ctypes.data
+        return self._addresses[buffer]
 
     def view(self, buffer: BufferId) -> np.ndarray:
         """The buffer's bytes as a uint8 array (zero-copy; valid while the buffer is retained)."""
