@@ -59,3 +59,59 @@ def test_batch_offsets_follow_row_major_batch_order() -> None:
     assert off[:, 0].tolist() == [5, 15, 25, 35, 45, 55]
     assert off[:, 1].tolist() == [7, 11, 15, 7, 11, 15]
     assert off[:, 2].tolist() == [0, 4, 8, 12, 16, 20]
+
+
+def _library(t: zyx.Tensor) -> list[str]:
+    return [s.name for s in zyx.debug.schedule(t) if s.kind == "library"]
+
+
+@pytest.mark.parametrize("x_shape,out", [
+    ((300, 64), 200),      # rows split in blocks
+    ((8, 64), 1000),       # few rows: columns split, each block starts from its part of the bias
+    ((4, 50, 64), 96),     # leading axes folded into rows
+    ((2, 256), 300),       # two rows
+])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_linear_bias_is_added_inside_the_gemm(x_shape, out, dtype) -> None:
+    """``x @ w.T + b`` is one GEMM starting from the bias row: no elementwise pass, NumPy's values."""
+    _blas()
+    from zyx.nn import functional as F
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal(x_shape).astype(dtype)
+    w = rng.standard_normal((out, x_shape[-1])).astype(dtype)
+    b = rng.standard_normal(out).astype(dtype)
+    y = F.linear(zyx.Tensor(x), zyx.Tensor(w), zyx.Tensor(b))
+    launches = zyx.debug.schedule(y)
+    assert [s.kind for s in launches] == ["library"] and "gemm_bias" in launches[0].name, launches
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(y.numpy(), x @ w.T + b, rtol=tol, atol=tol)
+    h = (zyx.Tensor(x) @ zyx.Tensor(w).T + zyx.Tensor(b)).relu()  # the bias add feeding a fused kernel
+    np.testing.assert_allclose(h.numpy(), np.maximum(x @ w.T + b, 0), rtol=tol, atol=tol)
+
+
+def test_adds_that_are_not_a_row_bias_stay_generated() -> None:
+    """A column (m, 1) added, a full matrix added, or a bias of another dtype: the plain GEMM and an add."""
+    _blas()
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((64, 32)).astype(np.float32)
+    w = rng.standard_normal((32, 48)).astype(np.float32)
+    for other in (rng.standard_normal((64, 1)), rng.standard_normal((64, 48)), rng.standard_normal(48)):
+        o = other.astype(np.float64 if other.ndim == 1 else np.float32)
+        y = zyx.Tensor(a) @ zyx.Tensor(w) + zyx.Tensor(o)
+        assert not any("bias" in n for n in _library(y)), _library(y)
+        np.testing.assert_allclose(y.numpy(), a @ w + o, rtol=1e-5, atol=1e-5)
+
+
+def test_training_a_linear_layer_with_the_fused_bias_gives_numpys_gradients() -> None:
+    _blas()
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((40, 24)).astype(np.float32)
+    w = rng.standard_normal((16, 24)).astype(np.float32)
+    b = rng.standard_normal(16).astype(np.float32)
+    W, B = zyx.Tensor(w, requires_grad=True), zyx.Tensor(b, requires_grad=True)
+    y = zyx.Tensor(x) @ W.T + B
+    (y * y).sum().backward()
+    g = 2 * (x @ w.T + b)
+    np.testing.assert_allclose(W.grad.numpy(), g.T @ x, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(B.grad.numpy(), g.sum(0), rtol=1e-4, atol=1e-3)

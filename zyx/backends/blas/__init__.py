@@ -3,7 +3,9 @@
 GEMMs run through the CBLAS that NumPy ships (OpenBLAS, found next to NumPy and called with ctypes); where
 that library cannot be found, through ``numpy.matmul`` on zero-copy strided views of the same buffers.
 Operands are read in place through their strides: a transposed operand is a transposed GEMM, a broadcast
-batch operand has batch stride 0.
+batch operand has batch stride 0. With the host's OpenMP compiler, GEMMs run on the OpenMP threads
+(``threaded.py``), ``matmul + bias row`` (``nn.Linear``) is one GEMM starting from the bias, and every matched
+attention ``softmax(scale·q·kᵀ + mask)·v`` is one fused launch (``attention.py``).
 """
 
 from zyx.backends.blas.device import BlasDevice

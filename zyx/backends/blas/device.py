@@ -9,7 +9,7 @@ import math
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -19,7 +19,8 @@ from zyx.backends.blas import attention, threaded
 from zyx.backends.host.device import cpu_count
 from zyx.backends.host.pool import HostPool
 from zyx.graph import ops as g
-from zyx.graph.node import LibraryKernel
+from zyx.graph.match import contiguous_strides, view_of
+from zyx.graph.node import LibraryKernel, Op
 from zyx.utils import STATS, log
 
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
@@ -48,12 +49,14 @@ class Gemm:
     a_batch: tuple[int, ...]
     b_batch: tuple[int, ...]
     c_batch: tuple[int, ...]
+    bias_offset: int | None = None  # C = bias + op(A) @ op(B), bias: n elements at this offset (third input)
 
     @property
     def name(self) -> str:
         t = "".join("T" if f else "N" for f in (self.trans_a, self.trans_b))
         b = "x".join(map(str, self.batch)) + "x" if self.batch else ""
-        return f"{'s' if self.dtype is dtypes.float32 else 'd'}gemm_{t}_{b}{self.m}x{self.n}x{self.k}"
+        bias = "_bias" if self.bias_offset is not None else ""
+        return f"{'s' if self.dtype is dtypes.float32 else 'd'}gemm{bias}_{t}_{b}{self.m}x{self.n}x{self.k}"
 
 
 def _find_cblas():
@@ -140,6 +143,7 @@ class BlasDevice(Device):
 
     # ---- matching ---------------------------------------------------------------------------------------------
     def match_graph(self, graph, outputs) -> None:
+        planned_by_class = {}
         for mm in graph.matmuls():
             if mm.cls.device != "host":
                 continue
@@ -147,11 +151,30 @@ class BlasDevice(Device):
             if planned is None:
                 continue
             gemm, inputs = planned
-            gflops = self._info.peak_gflops / (2 if gemm.dtype is dtypes.float64 else 1)
-            est = mm.flops / gflops + LAUNCH_OVERHEAD_NS * max(1, math.prod(gemm.batch) // 8)
+            est = self._gemm_ns(mm.flops, gemm)
             graph.add_alternative(mm.cls, LibraryKernel(self, self._program(gemm), inputs, est, gemm.name, gemm))
-        if self.backend == "cblas" and self._compiler is not None:
+            planned_by_class[id(mm.cls)] = (mm, gemm, inputs)
+        if self.backend == "cblas" and self._compiler is not None and self._runner() is not None:
+            self._offer_biased_gemms(graph, planned_by_class)
             self._offer_attentions(graph)
+
+    def _gemm_ns(self, flops: int, gemm: Gemm) -> float:
+        gflops = self._info.peak_gflops / (2 if gemm.dtype is dtypes.float64 else 1)
+        return flops / gflops + LAUNCH_OVERHEAD_NS * max(1, math.prod(gemm.batch) // 8)
+
+    def _offer_biased_gemms(self, graph, planned_by_class: dict) -> None:
+        """``matmul + bias`` (a row of n elements broadcast over the rest: ``nn.Linear``) as one GEMM that starts
+        from the bias (``threaded.py``), for every such add whose matmul BLAS runs."""
+        for c in graph.classes:
+            if c.realized or c.op is not Op.ADD or c.device != "host":
+                continue
+            for x, y in (c.srcs, c.srcs[::-1]):
+                found = _bias_gemm(c, x, y, planned_by_class)
+                if found is not None:
+                    mm, gemm, inputs, bias = found
+                    graph.add_alternative(c, LibraryKernel(self, self._program(gemm), inputs + (bias,),
+                                                           self._gemm_ns(mm.flops, gemm), gemm.name, gemm))
+                    break
 
     def _program(self, plan: Gemm | attention.AttentionPlan) -> ProgramId:
         pid = self._ids.get(plan)
@@ -184,10 +207,17 @@ class BlasDevice(Device):
         if type(g) is attention.AttentionPlan:
             self._launch_attention(program, g, args)
             return
-        a, b, c = (self._pool.address(x) for x in args)
-        size = g.dtype.itemsize
         STATS["launches"] += 1
         STATS["library_launches"] += 1
+        if g.bias_offset is not None:  # offered only with the runner
+            a, b, bias, c = (self._pool.address(x) for x in args)
+            sp = self._splits.get(program) or self._split(program, g)
+            self._threaded.run(g.dtype.itemsize, sp.threads, g.trans_a, g.trans_b, g.m, g.n, g.k, a, g.lda, b,
+                               g.ldb, c, g.ldc, sp.offsets, sp.blocks, sp.along_n,
+                               bias + g.bias_offset * g.dtype.itemsize)
+            return
+        a, b, c = (self._pool.address(x) for x in args)
+        size = g.dtype.itemsize
         if self.backend != "cblas":
             self._numpy_gemm(g, args)
             return
@@ -294,6 +324,27 @@ def _layout(rows: int, cols: int, row_stride: int, col_stride: int) -> tuple[boo
         if ld >= max(rows, 1):
             return True, ld
     return None
+
+
+def _bias_gemm(c, x, y, planned_by_class: dict):
+    """(matmul, biased Gemm, its inputs, bias class) when ``c = x + y`` is a planned matmul's result ``x``
+    (read as it is) plus ``y``, a row of ``n`` elements broadcast over every other axis; else None."""
+    xv = view_of(x)
+    entry = planned_by_class.get(id(xv.base))
+    if entry is None:
+        return None
+    mm, gemm, inputs = entry
+    n = gemm.n
+    if (gemm.m != mm.m or mm.out_col_stride != 1 or not c.shape or c.shape[-1] != n or xv.offset != 0
+            or xv.cast is not None or x.numel != xv.base.numel
+            or any(st != cs for size, st, cs in zip(x.shape, xv.strides, contiguous_strides(x.shape)) if size != 1)):
+        return None  # the sum is not the GEMM's output element for element, or its rows are not along n
+    yv = view_of(y)
+    if (yv.base.dtype is not gemm.dtype or yv.cast is not None or yv.offset < 0
+            or any(st != (1 if i == len(c.shape) - 1 and size != 1 else 0) for i, (size, st) in
+                   enumerate(zip(c.shape, yv.strides)) if size != 1)):
+        return None
+    return mm, replace(gemm, bias_offset=yv.offset), inputs, yv.base
 
 
 def plan_gemm(mm) -> tuple[Gemm, tuple] | None:

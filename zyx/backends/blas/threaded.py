@@ -6,7 +6,9 @@ on the OpenMP threads leaves one pool. A batched launch also loops over its batc
 
 Invariants: task ``t`` computes one block of rows (or of columns, ``along_n``) of batch ``t // blocks``:
 every output element is written by exactly one task, so the result equals one CBLAS call per batch (same
-kernels, same sums); the calling thread's OpenBLAS thread count is restored on return.
+kernels, same sums); the calling thread's OpenBLAS thread count is restored on return. With a bias row, a
+task first writes the bias into its block of C and the GEMM accumulates into it (beta = 1): the bias add costs
+no pass of its own over C.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ typedef void (*zyx_{t}gemm_fn)(int, int, int, I, I, I, {real}, const {real} *, I
                                {real} *, I);
 void zyx_threaded_{t}gemm(zyx_{t}gemm_fn fn, zyx_local_threads local, int threads, int ta, int tb, I m, I n,
                           I k, const {real} *a, I lda, const {real} *b, I ldb, {real} *c, I ldc, I batch,
-                          const long long *offsets, I blocks, int along_n) {{
+                          const long long *offsets, I blocks, int along_n, const {real} *bias) {{
     I tasks = batch * blocks;
     if (tasks <= 0) return;
     I span = ((along_n ? n : m) + blocks - 1) / blocks;
@@ -41,12 +43,19 @@ void zyx_threaded_{t}gemm(zyx_{t}gemm_fn fn, zyx_local_threads local, int thread
             const long long *o = offsets + 3 * (t / blocks);
             I lo = (t % blocks) * span, hi = lo + span < (along_n ? n : m) ? lo + span : (along_n ? n : m);
             if (lo >= hi) continue;
+            I r0 = along_n ? 0 : lo, r1 = along_n ? m : hi, c0 = along_n ? lo : 0, c1 = along_n ? hi : n;
+            if (bias)  /* C's block starts as the bias row; the GEMM then adds into it (beta = 1) */
+                for (I r = r0; r < r1; r++) {{
+                    {real} *row = c + o[2] + r * ldc;
+                    #pragma omp simd
+                    for (I j = c0; j < c1; j++) row[j] = bias[j];
+                }}
             if (along_n)  /* columns [lo, hi) of C: columns of op(B) */
                 fn(101, ta ? 112 : 111, tb ? 112 : 111, m, hi - lo, k, 1, a + o[0], lda,
-                   b + o[1] + (tb ? lo * ldb : lo), ldb, 0, c + o[2] + lo, ldc);
+                   b + o[1] + (tb ? lo * ldb : lo), ldb, bias ? 1 : 0, c + o[2] + lo, ldc);
             else  /* rows [lo, hi) of C: rows of op(A) */
                 fn(101, ta ? 112 : 111, tb ? 112 : 111, hi - lo, n, k, 1, a + o[0] + (ta ? lo : lo * lda), lda,
-                   b + o[1], ldb, 0, c + o[2] + lo * ldc, ldc);
+                   b + o[1], ldb, bias ? 1 : 0, c + o[2] + lo * ldc, ldc);
         }}
         if (local) local(previous);
     }}
@@ -71,15 +80,17 @@ class ThreadedGemm:
         i, p = int_type, ctypes.c_void_p
         for fn, _ in self._fns.values():
             fn.argtypes = [p, p, ctypes.c_int, ctypes.c_int, ctypes.c_int, i, i, i, p, i, p, i, p, i, i, p, i,
-                           ctypes.c_int]
+                           ctypes.c_int, p]
             fn.restype = None
 
     def run(self, itemsize: int, threads: int, ta: bool, tb: bool, m: int, n: int, k: int, a: int, lda: int,
-            b: int, ldb: int, c: int, ldc: int, offsets: np.ndarray, blocks: int, along_n: bool) -> None:
-        """``offsets``: int64 (batch, 3) element offsets of A, B, C per batch index (kept alive by the caller)."""
+            b: int, ldb: int, c: int, ldc: int, offsets: np.ndarray, blocks: int, along_n: bool,
+            bias: int | None = None) -> None:
+        """``offsets``: int64 (batch, 3) element offsets of A, B, C per batch index (kept alive by the caller);
+        ``bias``: the address of n elements added to every row of C (``C = bias + op(A) @ op(B)``), or None."""
         fn, blas = self._fns[itemsize]
         fn(blas, self._local, threads, int(ta), int(tb), m, n, k, a, lda, b, ldb, c, ldc, len(offsets),
-           offsets.ctypes.data, blocks, int(along_n))
+           offsets.ctypes.data, blocks, int(along_n), bias)
 
 
 def strided_offsets(batch: Sequence[int], operands: Sequence[tuple[int, Sequence[int]]]) -> np.ndarray:
