@@ -236,3 +236,29 @@ def test_config_blas_disabled_leaves_only_the_generated_path(tmp_path):
     f.write_text('{"blas": {"enabled": false}}')
     kinds = [d.info().kind for d in Registry(f).get("host").devices]
     assert kinds == ["host"]
+
+
+# ---- bias adds -------------------------------------------------------------------------------------------------
+
+
+def _bias_adds(t: zyx.Tensor):
+    from zyx.graph.extract import Graph
+    from zyx.graph.schedule import collect
+
+    order, _ = collect([t.cls])
+    return Graph(order, [t.cls]).bias_adds()
+
+
+def test_a_matmul_plus_a_row_is_a_bias_add_in_either_order_and_any_rank():
+    x, w, b = zyx.randn(4, 6, 8), zyx.randn(5, 8), zyx.randn(5)
+    for t in (x @ w.T + b, b + x @ w.T, x[0] @ w.T + b):
+        found = _bias_adds(t)
+        assert len(found) == 1 and found[0].cls is t.cls and found[0].bias.base is b.cls
+        assert found[0].bias.strides[-1] == 1 and not any(found[0].bias.strides[:-1])
+
+
+def test_columns_matrices_and_transposed_results_are_not_bias_adds():
+    x, w = zyx.randn(6, 8), zyx.randn(8, 5)
+    assert not _bias_adds(x @ w + zyx.randn(6, 1))  # a column: varies along m
+    assert not _bias_adds(x @ w + zyx.randn(6, 5))  # a whole matrix
+    assert not _bias_adds((x @ w).T + zyx.randn(6))  # the result read transposed

@@ -14,7 +14,7 @@ import itertools
 import math
 from collections.abc import Callable
 
-from zyx.graph.match import Matmul, match_matmul
+from zyx.graph.match import BiasAdd, Matmul, match_bias_add, match_matmul
 from zyx.graph.match_attention import Attention, match_attention
 from zyx.graph.node import ELEMENTWISE, Class, LibraryKernel, Node, Op
 from zyx.utils import debug_on, log
@@ -34,6 +34,7 @@ class Graph:
         self.outputs = outputs
         self._matmuls: list[Matmul] | None = None
         self._attentions: list[Attention] | None = None
+        self._bias_adds: list[BiasAdd] | None = None
 
     def matmuls(self) -> list[Matmul]:
         if self._matmuls is None:
@@ -48,6 +49,13 @@ class Graph:
         if self._attentions is None:
             self._attentions = [a for a in map(match_attention, self.classes) if a is not None]
         return self._attentions
+
+    def bias_adds(self) -> list[BiasAdd]:
+        """``match_bias_add`` over the classes: a matmul's result plus a row broadcast over it (computed once)."""
+        if self._bias_adds is None:
+            by_class = {id(m.cls): m for m in self.matmuls()}
+            self._bias_adds = [b for c in self.classes if (b := match_bias_add(c, by_class)) is not None]
+        return self._bias_adds
 
     def add_alternative(self, c: Class, kernel: LibraryKernel) -> None:
         for n in c.nodes[1:]:

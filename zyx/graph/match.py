@@ -216,3 +216,33 @@ def match_matmul(c: Class) -> Matmul | None:
     b = Operand(vb, tuple(sb[d] for d in batch_dims), sb[kax], b_n)
     return Matmul(c, tuple(shape[d] for d in batch_dims), m, n, k, a, b,
                   tuple(out_strides[d] for d in batch_dims), c_m, c_n, acc)
+
+
+@dataclass(frozen=True)
+class BiasAdd:
+    """``cls = matmul.cls + bias``: the matmul's result read element for element (its reshape dropping the reduced
+    axis), plus ``bias``, a view over ``cls.shape`` that is constant along every axis but the last (stride 1 there):
+    ``nn.Linear``'s ``x @ w.T + b``."""
+
+    cls: Class
+    matmul: Matmul
+    bias: View
+
+
+def match_bias_add(c: Class, matmul_of: dict[int, Matmul]) -> BiasAdd | None:
+    """The bias add ``c`` computes over one of the matmuls of ``matmul_of`` (keyed by ``id`` of their class)."""
+    if c.realized or c.op is not Op.ADD or not c.shape:
+        return None
+    for x, y in (c.srcs, c.srcs[::-1]):
+        xv = view_of(x)
+        mm = matmul_of.get(id(xv.base))
+        if (mm is None or xv.offset != 0 or xv.cast is not None or x.numel != xv.base.numel
+                or any(st != cs for size, st, cs in zip(x.shape, xv.strides, contiguous_strides(x.shape))
+                       if size != 1)):
+            continue
+        yv = view_of(y)
+        last = len(c.shape) - 1
+        if yv.cast is None and yv.offset >= 0 and all(
+                st == (1 if i == last else 0) for i, (size, st) in enumerate(zip(c.shape, yv.strides)) if size != 1):
+            return BiasAdd(c, mm, yv)
+    return None

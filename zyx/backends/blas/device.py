@@ -19,8 +19,7 @@ from zyx.backends.blas import attention, threaded
 from zyx.backends.host.device import cpu_count
 from zyx.backends.host.pool import HostPool
 from zyx.graph import ops as g
-from zyx.graph.match import contiguous_strides, view_of
-from zyx.graph.node import LibraryKernel, Op
+from zyx.graph.node import LibraryKernel
 from zyx.utils import STATS, log
 
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
@@ -153,7 +152,7 @@ class BlasDevice(Device):
             gemm, inputs = planned
             est = self._gemm_ns(mm.flops, gemm)
             graph.add_alternative(mm.cls, LibraryKernel(self, self._program(gemm), inputs, est, gemm.name, gemm))
-            planned_by_class[id(mm.cls)] = (mm, gemm, inputs)
+            planned_by_class[id(mm.cls)] = (gemm, inputs)
         if self.backend == "cblas" and self._compiler is not None and self._runner() is not None:
             self._offer_biased_gemms(graph, planned_by_class)
             self._offer_attentions(graph)
@@ -163,18 +162,20 @@ class BlasDevice(Device):
         return flops / gflops + LAUNCH_OVERHEAD_NS * max(1, math.prod(gemm.batch) // 8)
 
     def _offer_biased_gemms(self, graph, planned_by_class: dict) -> None:
-        """``matmul + bias`` (a row of n elements broadcast over the rest: ``nn.Linear``) as one GEMM that starts
-        from the bias (``threaded.py``), for every such add whose matmul BLAS runs."""
-        for c in graph.classes:
-            if c.realized or c.op is not Op.ADD or c.device != "host":
+        """Every ``graph.bias_adds()`` over a planned GEMM whose rows run along the bias (not transposed to
+        column-major output) as one GEMM that starts from the bias (``threaded.py``)."""
+        for ba in graph.bias_adds():
+            planned = planned_by_class.get(id(ba.matmul.cls))
+            if planned is None:
                 continue
-            for x, y in (c.srcs, c.srcs[::-1]):
-                found = _bias_gemm(c, x, y, planned_by_class)
-                if found is not None:
-                    mm, gemm, inputs, bias = found
-                    graph.add_alternative(c, LibraryKernel(self, self._program(gemm), inputs + (bias,),
-                                                           self._gemm_ns(mm.flops, gemm), gemm.name, gemm))
-                    break
+            gemm, inputs = planned
+            mm = ba.matmul
+            if (gemm.m != mm.m or mm.out_col_stride != 1 or ba.cls.shape[-1] != gemm.n
+                    or ba.bias.base.dtype is not gemm.dtype):
+                continue
+            biased = replace(gemm, bias_offset=ba.bias.offset)
+            graph.add_alternative(ba.cls, LibraryKernel(self, self._program(biased), inputs + (ba.bias.base,),
+                                                        self._gemm_ns(mm.flops, biased), biased.name, biased))
 
     def _program(self, plan: Gemm | attention.AttentionPlan) -> ProgramId:
         pid = self._ids.get(plan)
@@ -324,27 +325,6 @@ def _layout(rows: int, cols: int, row_stride: int, col_stride: int) -> tuple[boo
         if ld >= max(rows, 1):
             return True, ld
     return None
-
-
-def _bias_gemm(c, x, y, planned_by_class: dict):
-    """(matmul, biased Gemm, its inputs, bias class) when ``c = x + y`` is a planned matmul's result ``x``
-    (read as it is) plus ``y``, a row of ``n`` elements broadcast over every other axis; else None."""
-    xv = view_of(x)
-    entry = planned_by_class.get(id(xv.base))
-    if entry is None:
-        return None
-    mm, gemm, inputs = entry
-    n = gemm.n
-    if (gemm.m != mm.m or mm.out_col_stride != 1 or not c.shape or c.shape[-1] != n or xv.offset != 0
-            or xv.cast is not None or x.numel != xv.base.numel
-            or any(st != cs for size, st, cs in zip(x.shape, xv.strides, contiguous_strides(x.shape)) if size != 1)):
-        return None  # the sum is not the GEMM's output element for element, or its rows are not along n
-    yv = view_of(y)
-    if (yv.base.dtype is not gemm.dtype or yv.cast is not None or yv.offset < 0
-            or any(st != (1 if i == len(c.shape) - 1 and size != 1 else 0) for i, (size, st) in
-                   enumerate(zip(c.shape, yv.strides)) if size != 1)):
-        return None
-    return mm, replace(gemm, bias_offset=yv.offset), inputs, yv.base
 
 
 def plan_gemm(mm) -> tuple[Gemm, tuple] | None:
