@@ -35,6 +35,34 @@ def test_pool_alignment_refcount_and_reuse():
     assert pool.live_buffers() == 0
 
 
+def test_a_wrapped_buffers_release_callback_may_use_the_pool():
+    """``on_release`` runs outside the pool's lock: a callback that allocates or releases does not deadlock."""
+    pool = HostPool()
+    inner = pool.allocate(64)
+    memory = np.zeros(16, np.float32)
+    wrapped = pool.wrap(memory, lambda: (pool.release(inner), pool.release(pool.allocate(32))))
+    assert pool.address(wrapped) == memory.ctypes.data
+    pool.release(wrapped)
+    assert pool.live_buffers() == 0
+
+
+def test_mapped_file_memory_is_imported_in_place_only_when_aligned(tmp_path):
+    """A disk buffer whose bytes start on a 64-byte boundary is read in place; one that does not (a
+    safetensors tensor after an odd-sized header) is copied into aligned memory."""
+    from zyx.backends.disk.pool import DiskPool
+
+    path = tmp_path / "data.bin"
+    np.arange(64, dtype=np.float32).tofile(path)
+    disk, host = DiskPool(), HostPool()
+    aligned, shifted = disk.buffer(path, 0, 64), disk.buffer(path, 24, 64)
+    a = host.import_buffer(disk, aligned)
+    assert a is not None and host.address(a) % 64 == 0
+    assert host.import_buffer(disk, shifted) is None
+    host.release(a)
+    disk.release(aligned)
+    disk.release(shifted)
+
+
 def test_compile_error_names_log_and_source(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     cc = CCompiler("cc")

@@ -96,6 +96,8 @@ class HostPool(Pool):
             self._bufs[buffer][2] += 1
 
     def release(self, buffer: BufferId) -> None:
+        """One reference less; at zero the block goes to the cache, or a wrapped buffer's ``on_release`` runs
+        (outside the pool's lock, so it may use this pool)."""
         with self._lock:
             b = self._bufs[buffer]
             b[2] -= 1
@@ -104,15 +106,21 @@ class HostPool(Pool):
             del self._bufs[buffer]
             del self._addresses[buffer]
             raw = b[0]
-            if raw is None:  # wrapped memory: hand it back to its owner
-                if len(b) > 3 and b[3] is not None:
-                    b[3]()
-                return
-            size = raw.nbytes - ALIGN
-            if self._cached_bytes + size <= self.cache_limit:
-                off = (-raw.ctypes.data) % ALIGN
-                self._cache.setdefault(size, []).append((raw, raw[off:off + size]))
-                self._cached_bytes += size
+            if raw is None:
+                on_release = b[3] if len(b) > 3 else None
+            else:
+                on_release = None
+                self._cache_block(raw)
+        if on_release is not None:  # wrapped memory: hand it back to its owner
+            on_release()
+
+    def _cache_block(self, raw: np.ndarray) -> None:
+        """(under the lock) Keep a freed block for reuse while the cache has room."""
+        size = raw.nbytes - ALIGN
+        if self._cached_bytes + size <= self.cache_limit:
+            off = (-raw.ctypes.data) % ALIGN
+            self._cache.setdefault(size, []).append((raw, raw[off:off + size]))
+            self._cached_bytes += size
 
     def nbytes(self, buffer: BufferId) -> int:
         return self._bufs[buffer][1].nbytes
