@@ -156,6 +156,14 @@ def test_integer_overflow_wraps_like_numpy(device):
         assert_close(zyx.Tensor(i8, device=device) // -1, i8 // np.int8(-1))
 
 
+def test_square_keeps_the_dtype_like_numpy(device, rng):
+    f = rng.standard_normal(37).astype(np.float32)
+    i = np.array([3, -4, 50000, 2**31 - 1], np.int32)
+    with np.errstate(all="ignore"):
+        assert_close(zyx.Tensor(f, device=device).square(), np.square(f), dtype=np.float32)
+        assert_close(zyx.Tensor(i, device=device).square(), np.square(i), dtype=np.int32)
+
+
 def test_shifts_and_invert(device, rng):
     a = rng.integers(-1000, 1000, size=(17,)).astype(np.int32)
     s = rng.integers(0, 12, size=(17,)).astype(np.int32)

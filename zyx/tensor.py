@@ -607,6 +607,10 @@ class Tensor:
     def reciprocal(self):
         return F.Recip.apply(self._float())
 
+    def square(self):
+        """``self * self`` in the tensor's own dtype (integers wrap, as NumPy's and PyTorch's ``square``)."""
+        return self * self
+
     def sin(self):
         return F.Sin.apply(self._float())
 
