@@ -22,7 +22,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import assert_close
+from conftest import assert_close, host_without_blas
 
 import zyx
 from zyx import dtypes, utils
@@ -181,9 +181,10 @@ def test_many_columns_get_a_thread_each_and_long_serial_sums_widen():
     assert not gpu.optimize(ir_rows(4096, 4096), INFO).wide_acc  # 16 elements per thread, then a tree
 
 
-def test_few_columns_fall_back_to_groups():
+def test_few_columns_get_the_coalesced_columns_layout():
     g = gpu.geometry(gpu.optimize(ir_cols(2000, 300), INFO))
-    assert g.strategy == "group" and g.items == 300
+    assert (g.strategy, g.items, g.groups_per_block) == ("columns", 300, 32) and g.block == (32, g.group_threads, 1)
+    assert g.group_threads > 1 and g.grid == (10, 1, 1)  # each column's 2000 rows split over TY threads
 
 
 def test_full_reduction_uses_one_block_of_1024():
@@ -193,7 +194,7 @@ def test_full_reduction_uses_one_block_of_1024():
 
 def test_nested_and_two_depth_reduces():
     g = gpu.geometry(gpu.optimize(ir_nested(8, 300, 5), INFO))
-    assert (g.strategy, g.split) == ("group", 1)
+    assert (g.strategy, g.split) == ("columns", 1)  # y[k, j] is the same for every output: rows of k per warp
     g2 = gpu.geometry(gpu.optimize(ir_two_depths(6, 70, 9), INFO))
     assert (g2.strategy, g2.split, g2.flat, g2.items) == ("group", 1, 2, 6)
 
@@ -222,6 +223,9 @@ def test_geometry_invariants(shape):
         if g.strategy == "group":
             assert g.block == (g.group_threads, g.groups_per_block, 1) and g.group_threads % 32 == 0
             assert g.groups_per_block == 1 or g.group_threads == 32
+        if g.strategy == "columns":
+            tx = g.groups_per_block
+            assert g.block == (tx, g.group_threads, 1) and tx & (tx - 1) == 0 and (tx == 32 or tx >= g.items)
 
 
 def test_render_needs_the_geometry():
@@ -636,6 +640,29 @@ def many_columns_thread_per_output(rng):
 
 
 @case
+def column_reductions(rng):
+    """Reduces over a strided axis (the ``columns`` layout): few and odd column counts (lanes past the last
+    output), NaN flags through shared memory, a reduce feeding another (var, argmax), integers, 16-bit."""
+    a = rng.standard_normal((700, 45)).astype(np.float32)
+    a[5, 7] = np.nan
+    b = rng.standard_normal((300, 3)).astype(np.float32)
+    c = rng.integers(-9, 9, size=(6, 257, 40)).astype(np.int32)
+    h = rng.uniform(-1, 1, size=(90, 70)).astype(np.float16)
+    x, y, z, w = zyx.Tensor(a), zyx.Tensor(b), zyx.Tensor(c), zyx.Tensor(h)
+    a64, b64, h64 = a.astype(np.float64), b.astype(np.float64), h.astype(np.float64)
+    # transposed views: the loop-order passes move the contiguous output / reduce loop innermost
+    p = rng.standard_normal((40, 300, 8)).astype(np.float32)
+    q = rng.standard_normal((7, 6, 5)).astype(np.float32)
+    pt, qt = zyx.Tensor(p).permute(2, 1, 0), zyx.Tensor(q).permute(2, 1, 0)
+    p64, q64 = p.astype(np.float64).transpose(2, 1, 0), q.astype(np.float64).transpose(2, 1, 0)
+    return ([x.sum(0), x.max(0), y.sum(0), y.var(0), y.argmax(0), y.min(0), z.sum(1), z.max(1), w.sum(0),
+             (y * 2).exp().sum(0) + 1, pt.sum(1), pt.max(1), qt.sum((0, 2)), qt.min((0, 2))],
+            [a64.sum(0), a.max(0), b64.sum(0), b64.var(0), b.argmax(0), b.min(0), c.sum(1), c.max(1), h64.sum(0),
+             np.exp(b64 * 2).sum(0) + 1, p64.sum(1), p64.max(1), q64.sum((0, 2)), q64.min((0, 2))],
+            dict(rtol=2e-3, atol=2e-3))
+
+
+@case
 def movement(rng):
     a = rng.standard_normal((6, 10)).astype(np.float32)
     x = zyx.Tensor(a)
@@ -768,3 +795,63 @@ extern "C" void to16(const float* f, unsigned short* fh, unsigned short* fb, int
     np.testing.assert_array_equal(fh.view(np.float16).astype(np.float32), want_h)
     np.testing.assert_array_equal(fb.view(ml_dtypes.bfloat16).astype(np.float32),
                                   f.astype(ml_dtypes.bfloat16).astype(np.float32))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tensor cores: a 16-bit contraction found in the IR renders mma.sync
+
+
+def _contractions(dtype: str) -> list[Kernel]:
+    """Generated (BLAS off) 16-bit matmul kernels: square-ish, ragged edges, batched, transposed B with an
+    epilogue, and operands converted inside the kernel (float16 -> bfloat16)."""
+    def t(*shape: int, d: str = dtype) -> zyx.Tensor:
+        return zyx.Tensor(np.zeros(shape, np.float32)).cast(d).realize()
+
+    with host_without_blas():
+        outs = [t(64, 96) @ t(96, 80), t(37, 50) @ t(50, 29), t(3, 33, 40) @ t(3, 40, 24),
+                ((t(48, 32) @ t(24, 32).T) * 2).relu(), t(32, 48, d="float16").cast(dtype) @ t(48, 16)]
+        found = []
+        for o in outs:
+            ks = [k for k in kernels_of(o) if k.reduces()]
+            assert len(ks) == 1, [k.name for k in ks]
+            found.append(ks[0])
+    return found
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_16_bit_contractions_render_mma_sync(dtype):
+    for k in _contractions(dtype):
+        c = gpu.find_contraction(k)
+        assert c is not None and c.dtype.name == dtype and c.k.arg[1] in (96, 50, 40, 32, 48)
+        ko = gpu.optimize(k, INFO)
+        g = gpu.geometry(ko)
+        assert g.strategy == "mma" and g.block == (32, g.groups_per_block, 1) and not ko.wide_acc
+        src = CUDARenderer().render(ko).source
+        ty = "f16" if dtype == "float16" else "bf16"
+        assert f"mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32" in src
+        assert "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800" in src and "__shfl_sync(" in src
+    # no tensor cores below sm_80, for float32, or for a reduce that is not a product of two loads
+    assert gpu.geometry(gpu.optimize(k, gpu.reference_info(arch=(7, 5)))).strategy != "mma"
+    assert gpu.find_contraction(ir_rows(64, 64)) is None
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_mma_kernels_compile_for_sm80_and_sm90(dtype):
+    for k in _contractions(dtype):
+        cs = render_cuda(k, INFO)
+        for arch in ARCHS:
+            assert nvrtc.compile_cubin(cs.source, cs.name, arch)[:4] == b"\x7fELF"
+
+
+@needs_gxx
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_mma_fragments_under_emulation_equal_the_host(dtype, rng):
+    """The portable branch exchanges the same fragment registers as mma.sync: the values equal the host's."""
+    for k in _contractions(dtype):
+        inputs = {i: rng.uniform(-2, 2, p.size).astype(np.float32).astype(p.dtype.np_dtype)
+                  for i, p in enumerate(k.params) if p.kind == "in"}
+        want, got = run_ir(k, inputs, "host"), run_ir(k, inputs, "cuda")
+        for i in want:
+            np.testing.assert_allclose(got[i].astype(np.float64), want[i].astype(np.float64), rtol=1e-2, atol=1e-2)
+            assert np.mean(got[i] == want[i]) > 0.95  # the same products summed in the same order: (nearly) equal

@@ -20,6 +20,23 @@ Strategies (every kernel gets one; each is correct for every kernel it is chosen
 ``segments`` a kernel without reduces whose loop splits into segments (``opt.split_segments``: cat's pieces)
             runs one ``thread`` grid-stride loop per segment, one after another in one launch (``Kernel.then``),
             all with the largest block any of them wants.
+``columns`` a reduce over a strided axis (every top-level reduce at the innermost depth, ``s == n``): threads
+            along the flattened output index, so that adjacent threads (``threadIdx.x``) read adjacent addresses
+            when the loads step by one along the innermost output loop (a column sum reads rows). A block is
+            ``(TX, TY)``: ``TX`` outputs (a warp's width, fewer for fewer outputs; then one warp spans several
+            ``TY`` rows), each accumulated by ``TY`` threads over strided slices of the reduce range; the
+            ``TY`` partials are combined through shared memory (``acc_sh[TY][TX]``, read by every thread in one
+            order, so a reduce may feed the next) and ``threadIdx.y == 0`` stores. Chosen over ``group`` when its
+            loads touch fewer memory sectors per warp (``access_sectors``: the load indices' coefficients of the
+            loops that the lanes of one warp walk), and when there are too few outputs for ``thread`` (which is
+            this layout with ``TY == 1``, serial per thread). The grid-stride loop steps whole blocks
+            (``__syncthreads`` stays uniform); lanes past the last output compute a clamped copy and do not store.
+``mma``     a 16-bit contraction (``find_contraction``: the only reduce is ``sum_k a(m, k) * b(k, n)`` of two
+            float16 / bfloat16 values cast to float32) on a device with tensor cores of sm_80+: one warp per
+            16x8 tile of (m, n) (and batch index), stepping k by 16 with ``mma.sync.m16n8k16`` (f32
+            accumulators). Each lane evaluates its own fragment elements of ``a`` and ``b`` (any expression
+            of the ranges, zero outside the bounds), and the epilogue (the output block's statements and stores)
+            runs per accumulator element. Chosen before every other strategy when it applies.
 ``group``   one *group* of ``G`` threads (a warp when ``G == 32``, several warps per block; else one block per
             group) per iteration of output loops ``[0, s)``. The top-level reduces at depth ``s`` are cooperative:
             each thread accumulates a strided slice of the reduce range, then warp shuffles (``__shfl_xor_sync``:
@@ -33,9 +50,14 @@ Strategies (every kernel gets one; each is correct for every kernel it is chosen
 Invariants:
 - ``1 <= grid[0] <= info.max_global_work[0]``, ``grid[1:] == (1, 1)``: a grid-stride loop over the work items
   makes any grid of at least one block correct, so the grid is ``ceil(items / per_block)``, capped.
-- ``block == (group_threads, groups_per_block, 1)`` for ``group`` (``group_threads`` a multiple of the warp size)
-  and ``(threads, 1, 1)`` for ``thread``; the block shape is baked into the source, the grid is read at run
-  time (``gridDim``), so a launcher may use any grid from 1 to ``grid[0]``.
+- ``block == (group_threads, groups_per_block, 1)`` for ``group`` (``group_threads`` a multiple of the warp size),
+  ``(groups_per_block, group_threads, 1)`` for ``columns`` (``TX`` outputs by ``TY`` threads per output; ``TX``
+  a power of two, ``TX * TY`` a multiple of the warp size) and ``(threads, 1, 1)`` for ``thread``; the block
+  shape is baked into the source, the grid is read at run time (``gridDim``), so a launcher may use any grid
+  from 1 to ``grid[0]``.
+- Loop order is an IR decision before the geometry: ``order_reduce_ranges`` puts each reduce's most finely
+  stepped loop innermost, ``order_output_loops`` the output loop along which the reduce loads are contiguous
+  (both only reorder iterations, so a kernel computes the same values, up to the order of a reduce's terms).
 - Flattening a loop nest recomputes the statements of the flattened bodies per flat index; ``flatten_count``
   stops at the first body holding a ``Reduce`` so that no reduce is ever recomputed.
 - Long float32 sums: a reduce whose serial chain (per thread) reaches ``opt.WIDE_ACC_MIN`` elements sets
@@ -51,7 +73,7 @@ from dataclasses import dataclass, replace
 
 from zyx import dtypes
 from zyx.kernel import ir, opt
-from zyx.kernel.ir import Expr, Kernel, Ops
+from zyx.kernel.ir import Expr, Kernel, Ops, Store
 from zyx.kernel.linearize import Block, Loop, Reduce, linearize
 from zyx.kernel.target import DeviceInfo
 
@@ -64,18 +86,38 @@ MANY_GROUPS_PER_UNIT = 8  # with this many groups per SM, groups stay at most 25
 THREAD_OUTPUTS_PER_UNIT = 256  # the thread strategy for reduces needs this many outputs per SM
 
 
+MMA_M, MMA_N, MMA_K = 16, 8, 16  # the mma.sync.m16n8k16 tile (f16 / bf16 inputs, f32 accumulators)
+MMA_WARPS_PER_BLOCK = 4  # warps per block in the mma layout (one 16x8 output tile each)
+
+
+@dataclass(frozen=True)
+class Contraction:
+    """A kernel's reduce ``sum_k a(m, k) * b(k, n)`` (``find_contraction``): ``a`` and ``b`` are 16-bit values
+    (``dtype``) cast to float32 in the reduce; ``m`` and ``n`` are output loops, ``k`` the reduce's range; other
+    output loops (batch) may index either operand."""
+
+    reduce: Expr
+    m: Expr
+    n: Expr
+    k: Expr
+    a: Expr
+    b: Expr
+    dtype: dtypes.DType
+
+
 @dataclass(frozen=True)
 class Geometry:
     """How one kernel maps onto the GPU; see the module docstring for the strategies."""
 
-    strategy: str  # "thread" or "group"
+    strategy: str  # "thread", "columns", "mma" or "group"
     split: int  # output loops [0, split) index the work items (threads or groups)
     flat: int  # output loops [split, flat) are strided over a group's threads (== split for "thread")
-    items: int  # work items: threads ("thread") or groups ("group")
-    group_threads: int  # threads per group (1 for "thread")
+    items: int  # work items: threads ("thread"), outputs ("columns"), 16x8 tiles ("mma") or groups ("group")
+    group_threads: int  # threads per group (1 for "thread"; TY, the threads sharing one output, for "columns")
     groups_per_block: int
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
+    contraction: Contraction | None = None  # for "mma": the matched reduce
 
     @property
     def block_threads(self) -> int:
@@ -92,7 +134,8 @@ def reference_info(compute_units: int = 132, arch: tuple[int, int] = (9, 0)) -> 
     return DeviceInfo(name=f"cuda (reference sm_{arch[0]}{arch[1]})", kind="cuda", compute_units=compute_units,
                       max_global_work=(2**31 - 1, 65535, 65535), max_local_work=(1024, 1024, 64),
                       max_local_threads=1024, local_memory_bytes=48 * 1024, warp_size=32,
-                      compute_capability=arch, dtypes=frozenset(d.name for d in dtypes.ALL))
+                      compute_capability=arch, dtypes=frozenset(d.name for d in dtypes.ALL),
+                      tensor_cores=arch[0] >= 7)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -177,6 +220,61 @@ def _top_reduces(root: Block, depth: int) -> list[Reduce]:
     return [s for s in output_blocks(root)[depth].stmts if isinstance(s, Reduce)]
 
 
+SECTOR_BYTES = 32  # the unit of a global memory transaction: a warp's access costs one per distinct sector
+RESIDENT_THREADS_PER_UNIT = 2048  # threads an SM keeps resident: the columns layout grows TY toward this
+
+
+def _digits(ranges: Sequence[Expr], flat: int) -> dict[Expr, int]:
+    """The values of ``ranges`` (outermost slowest) at flat index ``flat``."""
+    out: dict[Expr, int] = {}
+    for r in reversed(ranges):
+        out[r] = flat % r.arg[1]
+        flat //= r.arg[1]
+    return out
+
+
+def reduce_loads(red: Reduce) -> list[Expr]:
+    """The loads a reduce runs in its loop (those whose index or gate depends on one of its ranges)."""
+    own = set(red.expr.arg[1])
+    return [e for e in ir.toposort([red.expr.srcs[0]]) if e.op is Ops.LOAD and own & e.ranges]
+
+
+def access_sectors(loads: Sequence[Expr], lanes: Sequence[dict[Expr, int]]) -> int:
+    """Memory sectors one warp touches when lane ``i`` runs ``loads`` at the range values ``lanes[i]`` (ranges
+    not named are 0), summed over the loads. A load whose index is not affine in those ranges counts one
+    sector per lane (the worst case)."""
+    total = 0
+    for ld in loads:
+        index, size = ld.srcs[0], ld.dtype.itemsize
+        coefs = {r: _coef(index, r) for r in set().union(*(p.keys() for p in lanes))}
+        if any(c is None for c in coefs.values()):
+            total += len(lanes)
+            continue
+        total += len({sum(c * p.get(r, 0) for r, c in coefs.items()) * size // SECTOR_BYTES for p in lanes})
+    return total
+
+
+def _coop_ranges(red: Reduce) -> list[Expr]:
+    """The reduce loops that a cooperative reduce flattens and strides over its threads."""
+    chain = reduce_chain(red)
+    return [lp.range for lp in chain[:flatten_count(chain)]]
+
+
+def _group_lanes(red: Reduce) -> list[dict[Expr, int]]:
+    """One warp of a ``group`` layout: 32 consecutive iterations of the reduce's flattened loops."""
+    flat = _coop_ranges(red)
+    return [_digits(flat, i) for i in range(min(WARP, math.prod(r.arg[1] for r in flat)))]
+
+
+def _columns_lanes(outputs: Sequence[Expr], red: Reduce, tx: int) -> list[dict[Expr, int]]:
+    """One warp of a ``columns`` layout: ``tx`` consecutive outputs of the loops ``outputs`` (clamped to the last)
+    by ``32 / tx`` consecutive slices of the reduce's flattened loops."""
+    flat = _coop_ranges(red)
+    items, work = math.prod(r.arg[1] for r in outputs), math.prod(r.arg[1] for r in flat)
+    return [{**_digits(outputs, min(i % tx, items - 1)), **_digits(flat, min(i // tx, work - 1))}
+            for i in range(WARP)]
+
+
 def _prefer_thread(k: Kernel, root: Block, info: DeviceInfo) -> bool:
     """Reduces only at the innermost depth: one thread per output when that keeps loads coalesced and the
     GPU busy."""
@@ -224,6 +322,101 @@ def _group_geometry(root: Block, s: int, info: DeviceInfo) -> Geometry:
     return Geometry("group", s, flat, items, g, w, _grid(items, w, info), (g, w, 1))
 
 
+def _columns_tx(items: int) -> int:
+    """Outputs per block along ``threadIdx.x``: a warp's width, or the next power of two above fewer outputs."""
+    return WARP if items >= WARP else 1 << max(0, items - 1).bit_length()
+
+
+def _columns_geometry(root: Block, info: DeviceInfo) -> Geometry | None:
+    """The ``columns`` layout of a kernel whose top-level reduces are all at the innermost depth, or None when it
+    would not fit (shared memory)."""
+    loops = output_loops(root)
+    n = len(loops)
+    items = loop_size(loops)
+    reds = _top_reduces(root, n)
+    tx = _columns_tx(items)
+    blocks = -(-items // tx)
+    work = max(loop_size(c[:flatten_count(c)]) for c in map(reduce_chain, reds))
+    cap = max(info.max_local_threads, WARP) // tx
+    ty = max(1, WARP // tx)
+    target = RESIDENT_THREADS_PER_UNIT * max(info.compute_units, 1)
+    while ty * 2 <= cap and work >= ty * 2 * ELEMS_PER_THREAD and blocks * tx * ty < target:
+        ty *= 2
+    per_thread_cell = 12  # bytes of shared memory per thread and reduce: a double partial and a NaN flag at most
+    while ty > max(1, WARP // tx) and len(reds) * tx * ty * per_thread_cell > info.local_memory_bytes:
+        ty //= 2
+    if len(reds) * tx * ty * per_thread_cell > info.local_memory_bytes:
+        return None
+    return Geometry("columns", n, n, items, ty, tx, _grid(items, tx, info), (tx, ty, 1))
+
+
+def _columns_pay(root: Block, cols: Geometry) -> bool:
+    """Whether the columns layout's warps touch fewer memory sectors than the group layout's, over the loads of
+    the top-level reduces (each runs once per reduce iteration in either layout)."""
+    loops = output_loops(root)
+    reds = _top_reduces(root, len(loops))
+    outputs = [lp.range for lp in loops]
+    by_cols = sum(access_sectors(reduce_loads(r), _columns_lanes(outputs, r, cols.groups_per_block)) for r in reds)
+    by_group = sum(access_sectors(reduce_loads(r), _group_lanes(r)) for r in reds)
+    return by_cols < by_group
+
+
+_MMA_DTYPES = (dtypes.float16, dtypes.bfloat16)
+
+
+def _operand(x: Expr) -> Expr | None:
+    """The 16-bit value under a float32 operand ``CAST(u)``, else None."""
+    if x.op is Ops.CAST and x.dtype is dtypes.float32 and x.srcs[0].dtype in _MMA_DTYPES:
+        return x.srcs[0]
+    return None
+
+
+def find_contraction(k: Kernel) -> Contraction | None:
+    """The kernel's only reduce when it is a contraction ``sum over one range k of a(m, k) * b(k, n)`` of two
+    16-bit operands of one dtype (each any expression of its ranges, cast to float32; accumulated in float32),
+    depending on every output loop, with ``m`` and ``n`` output loops that only ``a`` resp. ``b`` depend on.
+    ``n`` is the innermost of the two (adjacent outputs are adjacent columns of the tile)."""
+    if k.scan_ranges() or k.then:
+        return None
+    reds = k.reduces()
+    if len(reds) != 1:
+        return None
+    (red,) = reds
+    op, ranges = red.arg
+    if op is not Ops.ADD or len(ranges) != 1 or red.dtype is not dtypes.float32 or red.srcs[0].op is not Ops.MUL:
+        return None
+    (kr,) = ranges
+    x, y = red.srcs[0].srcs
+    a, b = _operand(x), _operand(y)
+    if a is None or b is None or a.dtype is not b.dtype or set(red.ranges) != set(k.loops):
+        return None
+    if kr not in a.ranges or kr not in b.ranges:
+        return None
+    only_a, only_b = (a.ranges - b.ranges) - {kr}, (b.ranges - a.ranges) - {kr}
+    if len(only_a) != 1 or len(only_b) != 1:
+        return None
+    (m,), (n,) = only_a, only_b
+    if k.loops.index(m) > k.loops.index(n):
+        m, n, a, b = n, m, b, a
+    return Contraction(red, m, n, kr, a, b, a.dtype)
+
+
+def _mma_geometry(k: Kernel, info: DeviceInfo) -> Geometry | None:
+    """Tensor cores for a 16-bit contraction (sm_80+: ``mma.sync.m16n8k16``), one warp per 16x8 output tile,
+    when the contraction is at least one tile in each dimension."""
+    cap = info.compute_capability or (0, 0)
+    if not info.tensor_cores or cap < (8, 0):
+        return None
+    c = find_contraction(k)
+    if c is None or c.m.arg[1] < MMA_M or c.n.arg[1] < MMA_N or c.k.arg[1] < MMA_K:
+        return None
+    batch = math.prod(r.arg[1] for r in k.loops if r is not c.m and r is not c.n)
+    items = batch * -(-c.m.arg[1] // MMA_M) * -(-c.n.arg[1] // MMA_N)
+    w = max(1, min(MMA_WARPS_PER_BLOCK, items))
+    n = len(k.loops)
+    return Geometry("mma", n, n, items, WARP, w, _grid(items, w, info), (WARP, w, 1), c)
+
+
 def plan(k: Kernel, info: DeviceInfo) -> Geometry:
     """The geometry of a kernel whose loops are already normalized (see ``optimize``)."""
     if info.warp_size not in (1, WARP):  # 1: a DeviceInfo that did not say
@@ -235,9 +428,96 @@ def plan(k: Kernel, info: DeviceInfo) -> Geometry:
         if depths:
             raise NotImplementedError(f"kernel {k.name}: a scan kernel holds no reduce (fusion stores it first)")
         return _thread_geometry(k, info)
+    mma = _mma_geometry(k, info) if depths else None
+    if mma is not None:
+        return mma
     if not depths or (s == len(k.loops) and _prefer_thread(k, root, info)):
         return _thread_geometry(k, info)
+    if s == len(k.loops) and s > 0:
+        cols = _columns_geometry(root, info)
+        if cols is not None and _columns_pay(root, cols):
+            return cols
     return _group_geometry(root, s, info)
+
+
+def lane_strides(k: Kernel) -> dict[Expr, int | None]:
+    """For each load that a top-level reduce runs in its loop: how many elements apart adjacent threads
+    (``threadIdx.x``) read it under ``k``'s geometry (None: the index is not affine in the lanes' range). 0 or 1
+    everywhere means coalesced. ``k`` went through ``optimize``."""
+    geom, root = geometry(k), linearize(k)
+    loops = output_loops(root)
+    out: dict[Expr, int | None] = {}
+    if geom.strategy == "mma":
+        return out  # fragments: each lane reads its own elements of the tile (see render_cuda)
+    for red in _top_reduces(root, geom.split):
+        if geom.strategy == "group":
+            chain = reduce_chain(red)
+            lane = chain[flatten_count(chain) - 1].range
+        else:
+            lane = loops[geom.split - 1].range
+        for ld in reduce_loads(red):
+            out[ld] = _coef(ld.srcs[0], lane)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# loop-order passes (IR to IR; the same iterations, so the same values up to the order of a reduce's terms)
+
+
+def _substitute_stores(k: Kernel, mapping: dict[Expr, Expr]) -> tuple[Store, ...]:
+    memo: dict = {}
+    return tuple(Store(st.param, ir.substitute(st.index, mapping, memo), ir.substitute(st.value, mapping, memo))
+                 for st in k.stores)
+
+
+def _step_cost(loads: Sequence[Expr], r: Expr) -> int:
+    """How far the loads that depend on ``r`` jump per step of ``r``, summed (a non-affine index: far)."""
+    far = 1 << 40
+    return sum(far if (c := _coef(ld.srcs[0], r)) is None else abs(c) for ld in loads if r in ld.ranges)
+
+
+def order_reduce_ranges(k: Kernel) -> Kernel:
+    """Reorder each multi-range reduce's loops so that the one its loads step through most finely is innermost
+    (stable: ties keep their order). A cooperative reduce strides its threads along the innermost flattened loop,
+    so this makes adjacent lanes read adjacent elements (a reduce over a transposed view's axes)."""
+    mapping: dict[Expr, Expr] = {}
+    for e in ir.toposort([st.value for st in k.stores] + [st.index for st in k.stores]):
+        if e.op is not Ops.REDUCE:
+            continue
+        value = ir.substitute(e.srcs[0], mapping) if mapping else e.srcs[0]
+        loads = [x for x in ir.toposort([value]) if x.op is Ops.LOAD]
+        rs = e.arg[1]
+        order = tuple(sorted(rs, key=lambda r: -_step_cost(loads, r))) if len(rs) > 1 else rs
+        if order != rs or value is not e.srcs[0]:
+            mapping[e] = ir.reduce(e.arg[0], value, order, e.dtype)
+    return replace(k, stores=_substitute_stores(k, mapping)) if mapping else k
+
+
+def order_output_loops(k: Kernel) -> Kernel:
+    """For a kernel whose top-level reduces all sit in the innermost output loop (the ``columns`` / ``thread``
+    layouts, whose lanes walk the output loops innermost first): move innermost the output loop along which a
+    warp's reduce loads touch the fewest memory sectors (a column sum of a transposed view reads rows), when
+    strictly better and every such reduce still depends on it (so none is hoisted). Scan kernels are left alone."""
+    if len(k.loops) < 2 or k.scan_ranges():
+        return k
+    root = linearize(k)
+    if reduce_depths(root)[:1] != [len(k.loops)]:
+        return k
+    reds = _top_reduces(root, len(k.loops))
+
+    def cost(order: Sequence[Expr]) -> int:
+        tx = _columns_tx(k.size)
+        return sum(access_sectors(reduce_loads(r), _columns_lanes(order, r, tx)) for r in reds)
+
+    best, best_cost = k.loops, cost(k.loops)
+    for lane in k.loops[:-1]:
+        if not all(lane in r.expr.ranges for r in reds):
+            continue
+        order = tuple(r for r in k.loops if r is not lane) + (lane,)
+        c = cost(order)
+        if c < best_cost:
+            best, best_cost = order, c
+    return k if best is k.loops else replace(k, loops=best)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -247,7 +527,7 @@ def plan(k: Kernel, info: DeviceInfo) -> Geometry:
 def serial_lengths(root: Block, geom: Geometry) -> dict[Expr, int]:
     """For each reduce, how many elements one thread accumulates in sequence."""
     out: dict[Expr, int] = {}
-    coop = {id(r) for r in _top_reduces(root, geom.split)} if geom.strategy == "group" else set()
+    coop = {id(r) for r in _top_reduces(root, geom.split)} if geom.strategy in ("group", "columns") else set()
 
     def visit(block: Block) -> None:
         for st in block.stmts:
@@ -299,10 +579,10 @@ def optimize(k: Kernel, info: DeviceInfo) -> Kernel:
     seg = _segments(k, info)
     if seg is not None:
         return seg
-    k = opt.merge_loops(k)
+    k = order_output_loops(order_reduce_ranges(opt.merge_loops(k)))
     geom = plan(k, info)
     k.meta[META_KEY] = geom
-    if needs_wide_acc(linearize(k), geom):
+    if geom.strategy != "mma" and needs_wide_acc(linearize(k), geom):  # tensor cores accumulate in float32
         k = replace(k, wide_acc=True)  # the meta dict (with the geometry) is shared, which is fine: same loops
     return k
 
@@ -315,5 +595,7 @@ def geometry(k: Kernel) -> Geometry:
     return geom
 
 
-__all__ = ["Geometry", "META_KEY", "coalesced_across", "flatten_count", "geometry", "optimize", "output_blocks",
-           "output_loops", "plan", "reduce_chain", "reduce_depths", "reference_info", "serial_lengths"]
+__all__ = ["Contraction", "Geometry", "META_KEY", "access_sectors", "coalesced_across", "find_contraction",
+           "flatten_count", "geometry", "lane_strides",
+           "optimize", "order_output_loops", "order_reduce_ranges", "output_blocks", "output_loops", "plan",
+           "reduce_chain", "reduce_depths", "reduce_loads", "reference_info", "serial_lengths"]

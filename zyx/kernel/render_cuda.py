@@ -5,7 +5,12 @@ reduce identities and updates are the host's, so both targets compute the same t
 
 - Frame: ``extern "C" __global__ void __launch_bounds__(threads) name(args)``, one argument per ``ir.Param``
   in order: buffers as ``T* __restrict__`` (``const`` for inputs), scalar variables by value with their
-  register type. The launch geometry (``gpu.Geometry``) decides the loop structure; the renderer follows it.
+  register type. The launch geometry (``gpu.Geometry``) decides the loop structure; the renderer follows it:
+  ``thread`` / ``segments`` grid-stride loops, ``group`` (shuffles, a shared exchange across warps), ``columns``
+  (``threadIdx.x`` along the outputs, ``threadIdx.y`` splitting the reduce, partials combined in
+  ``__shared__ acc_sh[TY][TX]``) and ``mma`` (``mma.sync.m16n8k16`` as inline PTX under ``__CUDA_ARCH__ >= 800``,
+  with a portable branch that exchanges the same fragment registers by ``__shfl_sync``, so the emulator checks
+  the fragment layout and indexing).
 - float16 / bfloat16: stored as 16-bit patterns (``unsigned short``), computed in ``float`` registers and rounded
   back after every op, exactly as on the host. The conversions are the hardware ``cvt.rn`` instructions via
   inline PTX (what ``cuda_fp16.h`` / ``cuda_bf16.h`` emit) instead of including those headers, which would add
@@ -292,8 +297,136 @@ class _Writer:
     def kernel(self, root: Block) -> None:
         if self.g.strategy == "thread":
             self.thread_frame(root)
+        elif self.g.strategy == "columns":
+            self.columns_frame(root)
+        elif self.g.strategy == "mma":
+            self.mma_frame(root)
         else:
             self.group_frame(root)
+
+    def mma_frame(self, root: Block) -> None:
+        """One warp per 16x8 tile of a contraction (see ``gpu``): lane ``zl`` holds A elements (rows ``zr``,
+        ``zr + 8``; k ``2 zt``, ``2 zt + 1``, ``+ 8``), B elements (k as A's, column ``zr``) and accumulators
+        (rows ``zr``, ``zr + 8``; columns ``2 zt``, ``2 zt + 1``), the PTX ``m16n8k16`` fragment layout. On the
+        device ``mma.sync`` multiplies the fragments; elsewhere (``__CUDA_ARCH__`` undefined or below 800) the
+        lanes exchange the same fragment registers with ``__shfl_sync`` and compute the same products."""
+        g, c = self.g, self.g.contraction
+        assert c is not None
+        blocks = gpu.output_blocks(root)
+        loops = gpu.output_loops(root)
+        size_m, size_n, size_k = c.m.arg[1], c.n.arg[1], c.k.arg[1]
+        tiles_m, tiles_n = -(-size_m // gpu.MMA_M), -(-size_n // gpu.MMA_N)
+        batch = [lp for lp in loops if lp.range is not c.m and lp.range is not c.n]
+        w = g.groups_per_block
+        it = index_type(g.items + g.grid[0] * w)
+        self.emit("  ", "const int zl = threadIdx.x, zr = zl >> 2, zt = zl & 3;")
+        self.emit("  ", f"for ({it} zg = ({it})blockIdx.x * {w} + threadIdx.y; zg < {g.items}; "
+                        f"zg += ({it})gridDim.x * {w}) {{")
+        ind = "    "
+        if batch:
+            self.emit(ind, f"const {it} zbt = zg / {tiles_m * tiles_n};")
+            self.decode(batch, "zbt", ind)
+        self.emit(ind, f"const int ztm = (int)((zg / {tiles_n}) % {tiles_m}), ztn = (int)(zg % {tiles_n});")
+        self.emit(ind, "float zc[4] = {0.0f, 0.0f, 0.0f, 0.0f};")
+        self.emit(ind, f"for (int zk = 0; zk < {size_k}; zk += {gpu.MMA_K}) {{")
+        i2 = ind + "  "
+        self.emit(i2, "unsigned int za[4] = {0u, 0u, 0u, 0u}, zb[2] = {0u, 0u};")
+        for j in range(4):
+            for h in range(2):
+                row = f"ztm * {gpu.MMA_M} + zr + {8 * (j & 1)}"
+                col = f"zk + zt * 2 + {8 * (j >> 1) + h}"
+                self.fragment_bits(c.a, {c.m: (row, size_m), c.k: (col, size_k)}, f"za[{j}]", 16 * h, i2)
+        for j in range(2):
+            for h in range(2):
+                kk = f"zk + zt * 2 + {8 * j + h}"
+                col = f"ztn * {gpu.MMA_N} + zr"
+                self.fragment_bits(c.b, {c.k: (kk, size_k), c.n: (col, size_n)}, f"zb[{j}]", 16 * h, i2)
+        ty = "f16" if c.dtype is dtypes.float16 else "bf16"
+        cvt = f"zyx_{c.dtype.name}_to_f32"
+        self.lines.extend([
+            "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800",
+            f'{i2}asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{%0, %1, %2, %3}}, '
+            '{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"',
+            f'{i2}    : "+f"(zc[0]), "+f"(zc[1]), "+f"(zc[2]), "+f"(zc[3])',
+            f'{i2}    : "r"(za[0]), "r"(za[1]), "r"(za[2]), "r"(za[3]), "r"(zb[0]), "r"(zb[1]));',
+            "#else",
+            f"{i2}for (int zq = 0; zq < 16; zq++) {{",
+            f"{i2}  const int zh = zq >> 3, zs = (zq & 7) >> 1, zsh = (zq & 1) * 16;",
+            f"{i2}  const unsigned int zal = __shfl_sync({FULL_MASK}, za[2 * zh], zr * 4 + zs);",
+            f"{i2}  const unsigned int zah = __shfl_sync({FULL_MASK}, za[2 * zh + 1], zr * 4 + zs);",
+            f"{i2}  const unsigned int zb0 = __shfl_sync({FULL_MASK}, zb[zh], zt * 8 + zs);",
+            f"{i2}  const unsigned int zb1 = __shfl_sync({FULL_MASK}, zb[zh], zt * 8 + 4 + zs);",
+            f"{i2}  const float zx0 = {cvt}((unsigned short)(zal >> zsh)), zx1 = {cvt}((unsigned short)(zah >> zsh));",
+            f"{i2}  const float zy0 = {cvt}((unsigned short)(zb0 >> zsh)), zy1 = {cvt}((unsigned short)(zb1 >> zsh));",
+            f"{i2}  zc[0] = fmaf(zx0, zy0, zc[0]); zc[1] = fmaf(zx0, zy1, zc[1]);",
+            f"{i2}  zc[2] = fmaf(zx1, zy0, zc[2]); zc[3] = fmaf(zx1, zy1, zc[3]);",
+            f"{i2}}}",
+            "#endif",
+        ])
+        self.emit(ind, "}")
+        for i in range(4):
+            self.emit(ind, "{")
+            self.emit(i2, f"const int zm = ztm * {gpu.MMA_M} + zr + {8 * (i >> 1)}, "
+                          f"zn = ztn * {gpu.MMA_N} + zt * 2 + {i & 1};")
+            self.emit(i2, f"if (zm < {size_m} && zn < {size_n}) {{")
+            i3 = i2 + "  "
+            saved = dict(self.name)
+            self.emit(i3, f"const int {range_name(c.m)} = zm, {range_name(c.n)} = zn;")
+            self.name[c.reduce] = f"zc[{i}]"
+            for blk in blocks:
+                for st in blk.stmts:
+                    if not isinstance(st, Reduce):
+                        self.define(st, i3)
+            for blk in reversed(blocks):
+                self.tail(blk, i3)
+            self.name = saved
+            self.emit(i2, "}")
+            self.emit(ind, "}")
+        self.emit("  ", "}")
+
+    def fragment_bits(self, u: Expr, at: dict[Expr, tuple[str, int]], reg: str, shift: int, ind: str) -> None:
+        """OR the 16-bit pattern of ``u`` at the range values ``at`` (C expression, size per range; zero when one
+        is out of bounds) into ``reg`` at bit ``shift``. A plain load reads its stored bits."""
+        self.emit(ind, "{")
+        i2 = ind + "  "
+        inb = " && ".join(f"({x}) < {n}" for x, n in at.values())
+        for r, (x, n) in at.items():
+            self.emit(i2, f"const int {range_name(r)} = ({x}) < {n} ? ({x}) : {n - 1};")
+        saved = dict(self.name)
+        plain = u.op is Ops.LOAD and len(u.srcs) == 1
+        for e in ir.toposort([u.srcs[0]] if plain else [u]):
+            if e.op not in (Ops.CONST, Ops.RANGE):
+                self.define(e, i2)
+        if plain:
+            bits = f"p{u.arg}[{self.value(u.srcs[0])}]"
+        else:
+            bits = f"zyx_f32_to_{u.dtype.name}({self.name[u]})"
+        self.name = saved
+        self.emit(i2, f"if ({inb}) {reg} |= (unsigned int)({bits}) << {shift};")
+        self.emit(ind, "}")
+
+    def columns_frame(self, root: Block) -> None:
+        """``threadIdx.x`` along the flattened outputs, ``threadIdx.y`` splitting the reduces (see ``gpu``). The
+        grid-stride loop steps whole blocks so that every thread reaches each ``__syncthreads``; a lane past the
+        last output computes the last one again (its loads stay in bounds) and stores nothing."""
+        g = self.g
+        blocks, loops = gpu.output_blocks(root), gpu.output_loops(root)
+        tx, ty = g.groups_per_block, g.group_threads
+        it = index_type(g.items + g.grid[0] * tx)
+        self.emit("  ", "const int zx = threadIdx.x, zy = threadIdx.y;")
+        self.emit("  ", f"for ({it} zb = ({it})blockIdx.x * {tx}; zb < {g.items}; zb += ({it})gridDim.x * {tx}) {{")
+        ind = "    "
+        self.emit(ind, f"const {it} zo = zb + zx;")
+        self.emit(ind, f"const {it} zg = zo < {g.items} ? zo : {g.items - 1};")
+        self.decode(loops, "zg", ind)
+        for d, blk in enumerate(blocks):
+            self.stmts(blk, ind, coop=d == len(loops))
+        cond = f"zo < {g.items}" + (" && zy == 0" if ty > 1 else "")
+        self.emit(ind, f"if ({cond}) {{")
+        for blk in reversed(blocks):
+            self.tail(blk, ind + "  ")
+        self.emit(ind, "}")
+        self.emit("  ", "}")
 
     def thread_frame(self, root: Block) -> None:
         """One thread per iteration of output loops [0, split) (grid-stride); deeper loops (a scan's) run
@@ -338,12 +471,13 @@ class _Writer:
             self.emit(ind, "}")
         self.emit("  ", "}")
 
-    def strided(self, flat: list[Loop], rest: Loop | None, var: str, ind: str) -> None:
-        """Loops ``flat`` flattened and strided over the group's lanes; ``rest`` (the next loop) runs serially."""
+    def strided(self, flat: list[Loop], rest: Loop | None, var: str, ind: str, lane: str = "zl") -> None:
+        """Loops ``flat`` flattened and strided over the group's lanes (thread ``lane`` of ``group_threads``);
+        ``rest`` (the next loop) runs serially."""
         total = gpu.loop_size(flat)
         gt = self.g.group_threads
         it = index_type(total + gt)
-        self.emit(ind, f"for ({it} {var} = zl; {var} < {total}; {var} += {gt}) {{")
+        self.emit(ind, f"for ({it} {var} = {lane}; {var} < {total}; {var} += {gt}) {{")
         i2 = ind + "  "
         self.decode(flat, var, i2)
         for lp in flat:
@@ -447,8 +581,14 @@ class _Writer:
         acc, at, nan = self.open_acc(e, ind)
         chain = gpu.reduce_chain(red)
         f = gpu.flatten_count(chain)
-        self.strided(chain[:f], chain[f] if f < len(chain) else None, f"{acc}_i", ind)
         op = e.arg[0]
+        if self.g.strategy == "columns":
+            self.strided(chain[:f], chain[f] if f < len(chain) else None, f"{acc}_i", ind, lane="zy")
+            if self.g.group_threads > 1:
+                self.cross_rows(op, acc, at, nan, ind)
+            self.close_acc(e, acc, at, nan, ind)
+            return
+        self.strided(chain[:f], chain[f] if f < len(chain) else None, f"{acc}_i", ind)
         self.emit(ind, "for (int zo = 16; zo > 0; zo >>= 1) {")
         self.emit(ind, f"  const {at} zt = {self.r.shuffle_xor(at, acc, 'zo')};")
         self.emit(ind, "  " + self.r.combine(op, acc, "zt"))
@@ -458,6 +598,20 @@ class _Writer:
         if self.g.group_threads > 32:
             self.cross_warp(op, acc, at, nan, ind)
         self.close_acc(e, acc, at, nan, ind)
+
+    def cross_rows(self, op: Ops, acc: str, at: str, nan: bool, ind: str) -> None:
+        """Columns layout: combine the ``TY`` partials of each output (column ``zx``) through shared memory; every
+        thread of the column reads them in one order, so all get the same result."""
+        tx, ty = self.g.groups_per_block, self.g.group_threads
+        self.shared.append(f"  __shared__ {at} {acc}_sh[{ty}][{tx}];")
+        if nan:
+            self.shared.append(f"  __shared__ int {acc}_shn[{ty}][{tx}];")
+        self.emit(ind, f"{acc}_sh[zy][zx] = {acc};" + (f" {acc}_shn[zy][zx] = {acc}_nan;" if nan else ""))
+        self.emit(ind, "__syncthreads();")
+        self.emit(ind, f"{acc} = {acc}_sh[0][zx];" + (f" {acc}_nan = {acc}_shn[0][zx];" if nan else ""))
+        self.emit(ind, f"for (int zw = 1; zw < {ty}; zw++) {{ {self.r.combine(op, acc, f'{acc}_sh[zw][zx]')}"
+                       + (f" {acc}_nan |= {acc}_shn[zw][zx];" if nan else "") + " }")
+        self.emit(ind, "__syncthreads();")
 
     def cross_warp(self, op: Ops, acc: str, at: str, nan: bool, ind: str) -> None:
         """Combine the warps' (uniform) partials through shared memory; every thread reads them in one order."""

@@ -1,0 +1,218 @@
+"""GPU launch geometry chosen from the kernel IR (``zyx.kernel.gpu``): coalesced layouts for reductions.
+
+The layout follows from the load indices' coefficients of the loops the lanes of a warp walk, never from a
+kernel's name: a reduce over a strided axis (a column sum) puts ``threadIdx.x`` along the contiguous output
+axis (``columns``), a reduce over the contiguous axis keeps the lanes along the reduce (``group``). The rendered
+source is checked too: a tiny g++ harness runs one thread of the kernel at a time and records the first element
+each thread reads, so "adjacent threads read adjacent addresses" is shown on the code the GPU would run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import zyx
+from zyx import dtypes, utils
+from zyx.graph import schedule
+from zyx.kernel import gpu, ir
+from zyx.kernel.ir import Kernel, Ops, Param, Store
+from zyx.kernel.linearize import linearize
+from zyx.kernel.render_cuda import render_cuda
+
+INFO = gpu.reference_info()
+f32 = dtypes.float32
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the source probe needs g++")
+
+
+def kernels_of(*tensors: zyx.Tensor) -> list[Kernel]:
+    outer = utils.KERNEL_LOG
+    utils.KERNEL_LOG = []
+    schedule.clear_cache()
+    try:
+        zyx.debug.schedule(*tensors)
+        return list(utils.KERNEL_LOG)
+    finally:
+        if outer is not None:
+            outer.extend(utils.KERNEL_LOG)
+        utils.KERNEL_LOG = outer
+
+
+def only_kernel(t: zyx.Tensor) -> Kernel:
+    (k,) = kernels_of(t)
+    return k
+
+
+def lazy(shape: tuple[int, ...]) -> zyx.Tensor:
+    return zyx.Tensor(np.zeros(shape, np.float32))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the IR: lane strides
+
+
+def test_column_sum_puts_adjacent_threads_on_adjacent_elements():
+    k = gpu.optimize(only_kernel(lazy((4096, 4096)).sum(0)), INFO)
+    g = gpu.geometry(k)
+    assert g.strategy == "columns" and g.block[0] == 32 and g.items == 4096
+    strides = gpu.lane_strides(k)
+    assert strides and set(strides.values()) == {1}  # coefficient of threadIdx.x in the load index: 1
+    assert g.grid[0] * g.groups_per_block >= 4096 and g.block_threads <= INFO.max_local_threads
+
+
+def test_row_sum_keeps_the_lanes_along_the_reduce():
+    k = gpu.optimize(only_kernel(lazy((4096, 4096)).sum(1)), INFO)
+    g = gpu.geometry(k)
+    assert g.strategy == "group" and set(gpu.lane_strides(k).values()) == {1}
+
+
+def test_the_column_layout_touches_an_eighth_of_the_sectors():
+    """The cost the choice is made on: memory sectors per warp access (4 for 32 adjacent floats, 32 when 4096
+    floats apart)."""
+    k = gpu.optimize(only_kernel(lazy((4096, 4096)).sum(0)), INFO)
+    root = linearize(k)
+    (red,) = gpu._top_reduces(root, 1)
+    loads = gpu.reduce_loads(red)
+    assert gpu.access_sectors(loads, gpu._columns_lanes([lp.range for lp in gpu.output_loops(root)], red, 32)) == 4
+    assert gpu.access_sectors(loads, gpu._group_lanes(red)) == 32
+
+
+def test_layout_follows_the_strides_not_the_name():
+    """The same name, two index layouts: the geometry differs; the same layout under two names: it does not."""
+    j, r = ir.range_(0, 500), ir.range_(1, 800)
+    params = (Param("p0", f32, "out", 500), Param("p1", f32, "in", 500 * 800))
+
+    def kern(name: str, index: ir.Expr) -> Kernel:
+        return Kernel(name, params, (j,), (Store(0, j, ir.reduce(Ops.ADD, ir.load(1, f32, index), (r,))),))
+
+    strided, contiguous = r * 500 + j, j * 800 + r
+    assert gpu.geometry(gpu.optimize(kern("row_sum", strided), INFO)).strategy == "columns"
+    assert gpu.geometry(gpu.optimize(kern("col_sum", contiguous), INFO)).strategy == "group"
+    assert gpu.geometry(gpu.optimize(kern("col_sum", strided), INFO)).strategy == "columns"
+
+
+@pytest.mark.parametrize("shape,axis", [((64, 4096), 0), ((8, 300, 40), 1), ((300, 3), 0), ((7, 33, 5), 0),
+                                        ((4096, 4096), 1), ((20, 30, 40), (0, 1)), ((20, 30, 40), 2),
+                                        ((1000, 9), 0), ((5, 6, 7), (0, 2))])
+def test_every_reduce_reads_coalesced_when_some_layout_can(shape, axis):
+    """Whenever the reduced axes or the kept innermost axis are contiguous, the chosen layout's lanes step by 0
+    or 1 element in every load (a transposed view included)."""
+    for t in (lazy(shape).sum(axis), lazy(shape[::-1]).permute(*range(len(shape) - 1, -1, -1)).sum(axis)):
+        for k in kernels_of(t):
+            ko = gpu.optimize(k, INFO)
+            strides = gpu.lane_strides(ko)
+            if strides and all(s in (0, 1) for s in strides.values()):
+                continue
+            # allowed only when no layout is coalesced: the columns lanes (innermost output loop) are not either
+            root = linearize(ko)
+            loops = gpu.output_loops(root)
+            inner = loops[-1].range if loops else None
+            assert inner is None or not gpu.coalesced_across([ld for r in gpu._top_reduces(root, len(loops))
+                                                              for ld in gpu.reduce_loads(r)], inner), \
+                (k.name, gpu.geometry(ko), strides)
+
+
+def test_loop_order_passes_put_the_contiguous_loop_innermost():
+    """A transposed view: the output loop (``order_output_loops``) or the reduce loop (``order_reduce_ranges``)
+    along which memory is contiguous becomes the lanes' loop; the iterations are the same."""
+    x = lazy((40, 300, 8)).permute(2, 1, 0)  # x[i, k, j] at j * 2400 + k * 8 + i: i is contiguous
+    k = only_kernel(x.sum(1))
+    ordered = gpu.order_output_loops(k)
+    assert ordered.loops != k.loops and sorted(r.arg[1] for r in ordered.loops) == sorted(r.arg[1] for r in k.loops)
+    assert ordered.loops[-1].arg[1] == 8 and set(gpu.lane_strides(gpu.optimize(k, INFO)).values()) == {1}
+    y = lazy((7, 6, 5)).permute(2, 1, 0)  # y[i, j, k] at k * 30 + j * 5 + i: reduce over (i, k), i contiguous
+    k0 = only_kernel(y.sum((0, 2)))
+    ky = gpu.optimize(k0, INFO)
+    ((before,), (after,)) = k0.reduces(), ky.reduces()
+    assert [r.arg[1] for r in before.arg[1]] == [5, 7]  # (i, k) as written
+    assert [r.arg[1] for r in after.arg[1]] == [7, 5]  # k (30 apart) outer, i (adjacent) inner
+    assert gpu.order_reduce_ranges(gpu.order_reduce_ranges(ky)) is ky  # a fixed point
+
+
+def test_many_columns_still_get_a_thread_each():
+    g = gpu.geometry(gpu.optimize(only_kernel(lazy((64, 40_000)).sum(0)), INFO))
+    assert g.strategy == "thread" and g.items == 40_000
+
+
+def test_column_layout_grows_the_reduce_split_until_the_gpu_is_busy():
+    short = gpu.geometry(gpu.optimize(only_kernel(lazy((64, 4096)).sum(0)), INFO))
+    long = gpu.geometry(gpu.optimize(only_kernel(lazy((8192, 4096)).sum(0)), INFO))
+    few = gpu.geometry(gpu.optimize(only_kernel(lazy((5000, 3)).sum(0)), INFO))
+    assert short.block == (32, 8, 1)  # 64 rows: 8 per thread
+    assert long.block == (32, 32, 1)  # a block of 1024, 256 rows per thread
+    assert few.strategy == "columns" and few.block[0] == 4 and few.block_threads % 32 == 0  # 3 columns, 8 rows
+    assert not gpu.optimize(only_kernel(lazy((8192, 4096)).sum(0)), INFO).wide_acc  # 256 serial, then a tree
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the rendered source: which element each thread reads first
+
+_PROBE = r"""
+#include <math.h>
+#include <string.h>
+struct zyx_dim { unsigned x, y, z; };
+static zyx_dim threadIdx, blockIdx, gridDim = {1, 1, 1};
+static long long zyx_first = -1;
+struct zyx_rec {
+  const float* p;
+  float operator[](long long i) const { if (zyx_first < 0) zyx_first = i; return p[i]; }
+};
+#define __global__
+#define __launch_bounds__(n)
+#define __shared__ static
+#define __device__
+#define __forceinline__ inline
+static inline void __syncthreads() {}
+template <class T> static inline T __shfl_xor_sync(unsigned, T v, int) { return v; }
+"""
+
+
+def first_reads(k: Kernel, threads: list[tuple[int, int]], tmp: Path, in_size: int, out_size: int) -> list[int]:
+    """Render ``k`` (one output ``p0``, one input ``p1``, float32) and run it serially as thread ``(x, y)`` of
+    block 0 on a grid of one block, for each of ``threads``; the first index of ``p1`` each thread reads."""
+    cs = render_cuda(k, INFO)
+    src = cs.source.replace('extern "C" ', "")
+    src, n = re.subn(r"const float\* __restrict__ p1", "zyx_rec p1", src)
+    assert n == 1
+    src = src.replace("__restrict__", "")
+    probe = (_PROBE + src + f"""
+extern "C" long long zyx_probe(unsigned x, unsigned y, const float* in, float* out) {{
+  threadIdx.x = x; threadIdx.y = y; threadIdx.z = 0; zyx_first = -1;
+  {cs.name}(out, zyx_rec{{in}});
+  return zyx_first;
+}}
+""")
+    (tmp / "probe.cpp").write_text(probe)
+    subprocess.run(["g++", "-std=c++17", "-O1", "-shared", "-fPIC", str(tmp / "probe.cpp"), "-o", str(tmp / "p.so")],
+                   check=True)
+    lib = ctypes.CDLL(str(tmp / "p.so"))
+    lib.zyx_probe.restype = ctypes.c_longlong
+    lib.zyx_probe.argtypes = [ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
+    data, out = np.zeros(in_size, np.float32), np.zeros(out_size, np.float32)
+    return [lib.zyx_probe(x, y, data.ctypes.data, out.ctypes.data) for x, y in threads]
+
+
+@needs_gxx
+def test_rendered_column_sum_threads_read_adjacent_elements(tmp_path):
+    rows, cols = 256, 1000
+    k = only_kernel(lazy((rows, cols)).sum(0))
+    g = gpu.geometry(gpu.optimize(k, INFO))
+    assert g.strategy == "columns"
+    lanes = list(range(g.block[0]))
+    got = first_reads(k, [(x, 0) for x in lanes] + [(0, 1), (0, 2)], tmp_path, rows * cols, cols)
+    assert got[:len(lanes)] == lanes  # threadIdx.x = t reads element t: one 128-byte row segment per warp
+    assert got[len(lanes):] == [cols, 2 * cols]  # threadIdx.y = s starts at row s
+
+
+@needs_gxx
+def test_rendered_row_sum_threads_read_adjacent_elements(tmp_path):
+    rows, cols = 100, 3000
+    k = only_kernel(lazy((rows, cols)).sum(1))
+    assert gpu.geometry(gpu.optimize(k, INFO)).strategy == "group"
+    assert first_reads(k, [(x, 0) for x in range(32)], tmp_path, rows * cols, rows) == list(range(32))
