@@ -97,6 +97,18 @@ def row_sum(args) -> Row:
 
 
 @case
+def col_sum(args) -> Row:
+    x, X = _square(args)
+    row = Row(f"column sum {x.shape[0]}x{x.shape[1]} f32", median_ms(lambda: X.sum(axis=0).realize(), args.repeats))
+    row.refs["numpy"] = median_ms(lambda: x.sum(axis=0), args.repeats)
+    torch = _torch()
+    if torch is not None:
+        t = torch.from_numpy(x)
+        row.refs["torch"] = median_ms(lambda: t.sum(dim=0), args.repeats)
+    return row
+
+
+@case
 def cumsum(args) -> Row:
     n = 1 << args.scale  # 2^20 at the default scale (about the 1,000,000)
     x = np.random.default_rng(0).random((1, n), dtype=np.float32)

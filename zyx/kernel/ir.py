@@ -13,6 +13,9 @@ Invariants:
 - ``REDUCE`` owns its ``RANGE`` nodes; ranges are unique to the reduce or output loop that declares them.
 - ``SCAN`` runs along an output loop: that loop is the kernel's innermost, serial, and never merged, split or
   reordered (``Kernel.scan_ranges``).
+- ``STASH``/``LOCAL`` (host only, made last by ``opt.stash_row_values``): a ``STASH`` inside a single-range reduce
+  writes its value to a local array at the reduce's range; a ``LOCAL`` reads it and depends on that reduce, so
+  every read is placed after the writes and within the same iteration of the loops around the reduce.
 """
 
 from __future__ import annotations
@@ -79,6 +82,9 @@ class Ops(enum.IntEnum):
     # loops
     REDUCE = enum.auto()  # srcs = (value,), arg = (op, ranges); dtype = accumulator dtype
     SCAN = enum.auto()  # srcs = (value, range): the fold of ``value`` over range values <= the current; arg = op
+    # local (stack) arrays, host only (``opt.stash_row_values``)
+    STASH = enum.auto()  # srcs = (value, range), arg = slot: ``value``; also written to local array ``slot[range]``
+    LOCAL = enum.auto()  # srcs = (index, after), arg = (slot, size): ``slot[index]``, read after the reduce ``after``
 
 
 Ops.__hash__ = object.__hash__  # members are singletons: identity hashing is exact and much faster
@@ -531,6 +537,18 @@ def scan(op: Ops, value: Expr, r: Expr) -> Expr:
     return _make(Ops.SCAN, value.dtype, (value, r), op)
 
 
+def stash(value: Expr, r: Expr, slot: int) -> Expr:
+    """``value`` (which depends on loop range ``r``), also written to the local array ``slot`` at ``r``."""
+    assert r.op is Ops.RANGE and r in value.ranges
+    return _make(Ops.STASH, value.dtype, (value, r), slot, (value.vmin, value.vmax))
+
+
+def local(slot: int, size: int, dtype: DType, index: Expr, after: Expr, bounds: tuple | None = None) -> Expr:
+    """Element ``index`` of local array ``slot`` (``size`` elements), which the stashes inside reduce ``after``
+    filled: depending on ``after`` orders the read after the writes."""
+    return _make(Ops.LOCAL, dtype, (index, after), (slot, size), bounds)
+
+
 def substitute(e: Expr, mapping: dict[Expr, Expr], memo: dict | None = None) -> Expr:
     """Rebuild ``e`` with nodes replaced per ``mapping``, re-simplifying on the way up."""
     memo = {} if memo is None else memo
@@ -555,6 +573,10 @@ def substitute(e: Expr, mapping: dict[Expr, Expr], memo: dict | None = None) -> 
         out = bitcast(srcs[0], e.dtype)
     elif e.op is Ops.SCAN:
         out = scan(e.arg, *srcs)
+    elif e.op is Ops.STASH:
+        out = stash(srcs[0], srcs[1], e.arg)
+    elif e.op is Ops.LOCAL:
+        out = local(e.arg[0], e.arg[1], e.dtype, srcs[0], srcs[1], (e.vmin, e.vmax))
     elif e.op is Ops.DIV and e.dtype.is_int and srcs[1].op is Ops.CONST and srcs[1].arg > 0 and srcs[0].vmin >= 0:
         out = idiv(srcs[0], srcs[1].arg)
     elif e.op is Ops.MOD and e.dtype.is_int and srcs[1].op is Ops.CONST and srcs[1].arg > 0 and srcs[0].vmin >= 0:

@@ -47,6 +47,7 @@ class Reduce:
     loop: Loop
     split: bool = False  # split across threads (root reduce of a kernel with no output loops)
     vec: Expr | None = None  # accumulate one value per iteration of this (output) range, innermost
+    block: tuple[int, int] | None = None  # (reduce iterations, tile of ``vec``) of a register-tiled ``vec``
 
 
 def linearize(k: Kernel) -> Block:
@@ -115,7 +116,8 @@ def linearize(k: Kernel) -> Block:
                         done.discard(id(x))
                 done.update(id(x) for x in hidden)
             outer.stmts.append(Reduce(e, loops[0], split=k.split_reduce and outer is root,
-                                      vec=vec if vectorized else None))
+                                      vec=vec if vectorized else None,
+                                      block=k.meta.get("vector_block") if vectorized and len(loops) == 2 else None))
             return
         for s in e.srcs:
             emit(s)

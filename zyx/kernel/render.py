@@ -15,7 +15,7 @@ from zyx.dtypes import DType
 from zyx.kernel import ir
 from zyx.kernel.c_math import C_MATH_FUNCTIONS, C_MATH_PRELUDE
 from zyx.kernel.ir import Expr, Kernel, Ops, Store
-from zyx.kernel.linearize import Block, Loop, Reduce, ScanInit, linearize
+from zyx.kernel.linearize import Block, Loop, Reduce, ScanInit, linearize, walk
 
 HALFS = (dtypes.float16, dtypes.bfloat16)
 
@@ -189,6 +189,8 @@ class CStyleRenderer:
             return s
         if e.op is Ops.VAR:
             return f"a{e.arg}"
+        if e.op is Ops.LOCAL:
+            return f"zloc{e.arg[0]}[{n(e.srcs[0])}]"
         if e.op is Ops.CAST:
             return self.cast(e, n(e.srcs[0]))
         if e.op is Ops.BITCAST:
@@ -313,6 +315,9 @@ class CRenderer(CStyleRenderer):
             elif s.op is Ops.SCAN:
                 lines.append(ind + self.scan_step(s, acc_name[s], operand(s.srcs[0])))
                 name[s] = self.round_half(acc_name[s], s.dtype)
+            elif s.op is Ops.STASH:
+                name[s] = operand(s.srcs[0])
+                lines.append(f"{ind}zloc{s.arg}[{rng(s.srcs[1])}] = {name[s]};")
             else:
                 nm = fresh("v")
                 rhs = self.expr(s, name, k.params)
@@ -328,6 +333,9 @@ class CRenderer(CStyleRenderer):
                 return
             e = red.expr
             op = e.arg[0]
+            for x in walk(red.loop.body):  # the local arrays this reduce fills, one row per iteration outside it
+                if not isinstance(x, (Reduce, Store, ScanInit)) and x.op is Ops.STASH:
+                    lines.append(f"{ind}{self.reg_type(x.dtype)} zloc{x.arg}[{x.srcs[1].arg[1]}];")
             acc = fresh("acc")
             at = self.acc_type(e, k)
             ident = self.identity(op, e, at)
@@ -381,14 +389,47 @@ class CRenderer(CStyleRenderer):
             lines.append(f"{ind}{at} {acc}[{n}];" + (f" int {acc}_nan[{n}];" if nan else ""))
             lines.append(f"{ind}for (int t = 0; t < {n}; t++) {{ {acc}[t] = {self.identity(op, e, at)};"
                          + (f" {acc}_nan[t] = 0;" if nan else "") + " }")
-            acc_name[e] = f"{acc}[{r}]"
-            emit_loop(red.loop, ind)
+            if red.block is None:
+                acc_name[e] = f"{acc}[{r}]"
+                emit_loop(red.loop, ind)
+            else:
+                emit_blocked_vector_loop(red, ind, acc, at)
             rt = self.reg_type(e.dtype)
             if nan:
                 nan_lit = self.literal(math.nan, dtypes.float64 if at == "double" else dtypes.float32)
                 name[e] = f"(({rt})({acc}_nan[{r}] ? {nan_lit} : {acc}[{r}]))"
             else:
                 name[e] = f"(({rt}){acc}[{r}])"
+
+        def emit_blocked_vector_loop(red: Reduce, ind: str, acc: str, at: str) -> None:
+            """The loops of a register-tiled column sum (``opt.block_vector_reduce``): blocks of ``rb`` reduce
+            iterations; per block and tile of ``t`` columns, partial sums (float32 under a float64
+            accumulator) that are then added into ``acc``."""
+            e, (rb, t) = red.expr, red.block
+            r, j = rng(red.loop.range), rng(red.vec)
+            n, cols = red.loop.range.arg[1], red.vec.arg[1]
+            pt = "float" if at == "double" and e.dtype is dtypes.float32 else at
+            if pt != at:
+                float_partials.add(e)
+            part = f"{acc}_t"
+            acc_name[e] = f"{part}[{j} - {j}_t]"
+            it = self.index_type
+            lines.append(f"{ind}for ({it} {r}_b = 0; {r}_b < {n}; {r}_b += {rb}) {{")
+            i2, i3 = ind + "  ", ind + "    "
+            lines.append(f"{i2}const {it} {r}_e = {r}_b + {rb} < {n} ? {r}_b + {rb} : {n};")
+            lines.append(f"{i2}for ({it} {j}_t = 0; {j}_t < {cols}; {j}_t += {t}) {{")
+            lines.append(f"{i3}{pt} {part}[{t}];")
+            lines.append(f"{i3}for (int t = 0; t < {t}; t++) {{ {part}[t] = {self.identity(Ops.ADD, e, pt)}; }}")
+            lines.append(f"{i3}for ({it} {r} = {r}_b; {r} < {r}_e; {r}++) {{")
+            bounds[red.loop.body.inner] = (f"{j}_t", f"{j}_t + {t}")
+            emit_block(red.loop.body, i3 + "  ")
+            lines.append(f"{i3}}}")
+            lines.append(f"{i3}#pragma omp simd")
+            lines.append(f"{i3}for (int t = 0; t < {t}; t++) {{ {acc}[{j}_t + t] += {part}[t]; }}")
+            lines.append(f"{i2}}}")
+            lines.append(f"{ind}}}")
+
+        bounds: dict[Loop, tuple[str, str]] = {}  # loops rendered over other bounds than 0 .. size
 
         def reduce_loop(red: Reduce, ind: str, lo: str, hi: str, acc: str, nan: bool, blocked: bool) -> None:
             e, loop = red.expr, red.loop
@@ -418,9 +459,9 @@ class CRenderer(CStyleRenderer):
 
         def emit_loop(loop: Loop, ind: str, reds: list | None = None) -> None:
             r = rng(loop.range)
-            n = loop.range.arg[1]
+            lo, hi = bounds.get(loop, ("0", str(loop.range.arg[1])))
             lines.extend(ind + h for h in self.pragmas(loop, reds or []))
-            lines.append(f"{ind}for ({self.index_type} {r} = 0; {r} < {n}; {r}++) {{")
+            lines.append(f"{ind}for ({self.index_type} {r} = {lo}; {r} < {hi}; {r}++) {{")
             emit_block(loop.body, ind + "  ")
             lines.append(f"{ind}}}")
 

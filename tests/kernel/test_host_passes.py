@@ -1,0 +1,368 @@
+"""Host kernel passes of ``zyx.kernel.opt`` that change how a kernel runs, not what it computes: column blocks
+and register tiles of column sums (``column_block``, ``block_vector_reduce``) and row values computed once
+(``stash_row_values``). Each is checked on its own kernels (the IR it builds, the C it renders) and on the
+fuzzer's random programs, run with the passes on and off: the outputs must agree (bit for bit where the pass
+does not reassociate sums) and match NumPy."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import zyx
+from zyx import dtypes, utils
+from zyx.backends.base import DeviceInfo
+from zyx.graph import schedule
+from zyx.kernel import ir, opt
+from zyx.kernel.ir import Kernel, Ops, Param, Store
+from zyx.kernel.render import CRenderer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fuzz_programs import compare, programs, run_zyx  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+PASSES = ("column_block", "block_vector_reduce", "stash_row_values", "split_divmod_loops")
+HOST2 = DeviceInfo("host", "host", compute_units=2)
+
+
+@contextmanager
+def passes_off(*names: str):
+    """Run the block with the named host passes disabled (and a fresh schedule cache on both sides)."""
+    old = set(opt.DISABLED)
+    opt.DISABLED.update(names)
+    schedule.clear_cache()
+    try:
+        yield
+    finally:
+        opt.DISABLED.clear()
+        opt.DISABLED.update(old)
+        schedule.clear_cache()
+
+
+def _run(fn, off: tuple[str, ...] = ()) -> list[np.ndarray]:
+    with passes_off(*off), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out = fn()
+    return [np.asarray(o) for o in (out if isinstance(out, (list, tuple)) else [out])]
+
+
+def _same(a: np.ndarray, b: np.ndarray, exact: bool) -> None:
+    assert a.shape == b.shape and a.dtype == b.dtype
+    if exact or not np.issubdtype(a.dtype, np.floating):
+        np.testing.assert_array_equal(a, b)
+    else:
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * max(1.0, float(np.nanmax(np.abs(b), initial=0))))
+
+
+def _kernels(fn) -> list[Kernel]:
+    """The kernel IRs that computing ``fn()`` compiles."""
+    outer, utils.KERNEL_LOG = utils.KERNEL_LOG, []
+    try:
+        _run(fn)
+        return list(utils.KERNEL_LOG)
+    finally:
+        if outer is not None:
+            outer.extend(utils.KERNEL_LOG)
+        utils.KERNEL_LOG = outer
+
+
+# ---- column sums ---------------------------------------------------------------------------------------------
+
+
+def _col_sum_kernel(rows: int, cols: int, d=dtypes.float32, op=Ops.ADD) -> Kernel:
+    j, r = ir.range_(0, cols), ir.range_(1, rows)
+    red = ir.reduce(op, ir.load(1, d, r * cols + j), (r,))
+    return Kernel("k", (Param("p0", d, "out", cols), Param("p1", d, "in", rows * cols)), (j,), (Store(0, j, red),))
+
+
+def test_column_sum_takes_wide_blocks_and_register_tiles():
+    k = opt.optimize(_col_sum_kernel(4096, 4096), HOST2)
+    vec = k.meta["vector_acc"]
+    assert vec.arg[1] == 2048 and k.loops[0].arg[1] == 2  # one column block per compute unit
+    assert k.meta["vector_block"] == (opt.ROW_BLOCK, opt.VECTOR_TILE)
+    src = CRenderer().render(k)
+    assert f"+= {opt.ROW_BLOCK})" in src and "acc2_t[64]" in src
+
+
+def test_column_blocks_leave_work_for_every_unit():
+    k = opt.optimize(_col_sum_kernel(512, 1024), DeviceInfo("host", "host", compute_units=16))
+    assert k.loops[0].arg[1] >= 16 and k.meta["vector_acc"].arg[1] == 64
+
+
+def test_matmul_keeps_its_tile():
+    i, j, r = ir.range_(0, 64), ir.range_(1, 256), ir.range_(2, 64)
+    a, b = ir.load(1, dtypes.float32, i * 64 + r), ir.load(2, dtypes.float32, r * 256 + j)
+    red = ir.reduce(Ops.ADD, ir.alu(Ops.MUL, a, b), (r,))
+    k = Kernel("k", (Param("p0", dtypes.float32, "out", 64 * 256), Param("p1", dtypes.float32, "in", 64 * 64),
+                     Param("p2", dtypes.float32, "in", 64 * 256)), (i, j), (Store(0, i * 256 + j, red),))
+    assert opt.optimize(k, HOST2).meta["vector_acc"].arg[1] == 64  # a[i, r] does not walk j
+
+
+def test_max_columns_are_not_blocked():
+    k = opt.optimize(_col_sum_kernel(256, 256, op=Ops.MAX), HOST2)
+    assert "vector_block" not in k.meta and k.meta["vector_acc"].arg[1] == 64
+
+
+@pytest.mark.parametrize("shape,axis,dtype", [
+    ((4096, 512), 0, np.float32), ((300, 1024), 0, np.float32), ((17, 128), 0, np.float32),
+    ((64, 33, 256), 1, np.float32), ((2000, 640), 0, np.int32), ((1000, 256), 0, np.float64),
+    ((8, 3000, 192), 1, np.float32), ((1000, 512), 0, np.float16),
+])
+def test_column_sums_match_with_blocks_off(shape, axis, dtype):
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(shape) * 4).astype(dtype)
+    X = zyx.Tensor(x).realize()
+    on = _run(lambda: X.sum(axis).numpy())
+    for off in (PASSES, ("block_vector_reduce",)):
+        _same(on[0], _run(lambda: X.sum(axis).numpy(), off)[0], exact=False)
+    want = x.astype(np.float64).sum(axis)
+    tol = 1e-2 if dtype is np.float16 else 1e-4
+    np.testing.assert_allclose(on[0].astype(np.float64), want, rtol=tol, atol=tol * np.abs(x).sum(axis).max())
+
+
+def test_column_max_keeps_nan():
+    x = np.random.default_rng(4).standard_normal((512, 256)).astype(np.float32)
+    x[100, 7] = np.nan
+    got = zyx.Tensor(x).max(0).numpy()
+    assert np.isnan(got[7]) and np.array_equal(got[8:], x.max(0)[8:])
+
+
+# ---- row values computed once ----------------------------------------------------------------------------------
+
+
+def _ops(k: Kernel) -> set[Ops]:
+    return {e.op for s in k.stores for e in ir.toposort([s.value])}
+
+
+def test_softmax_computes_exp_once():
+    X = zyx.Tensor(np.random.default_rng(0).standard_normal((64, 1024)).astype(np.float32)).realize()
+    (k,) = _kernels(lambda: X.softmax(-1).numpy())
+    ko = opt.optimize(k, HOST2)
+    assert {Ops.STASH, Ops.LOCAL} <= _ops(ko)
+    src = CRenderer().render(ko)
+    body = src[src.rindex("\nvoid "):]
+    assert body.count("zyx_expf(") == 1 and "zloc0[1024]" in body
+
+
+def test_masked_softmax_and_layernorm_stash_their_row_values():
+    rng = np.random.default_rng(1)
+    x = zyx.Tensor(rng.standard_normal((2, 3, 56, 56)).astype(np.float32)).realize()
+    m = zyx.Tensor(np.where(rng.random((2, 1, 1, 56)) < 0.2, -1e9, 0).astype(np.float32)).realize()
+    (k,) = _kernels(lambda: (x * 0.125 + m).softmax(-1).numpy())
+    body = CRenderer().render(opt.optimize(k, HOST2))
+    body = body[body.rindex("\nvoid "):]
+    assert body.count("zyx_expf(") == 1 and body.count("* 0.125f") == 1  # scale * x + mask once per element
+    a = zyx.Tensor(rng.standard_normal((4, 56, 384)).astype(np.float32)).realize()
+    b = zyx.Tensor(rng.standard_normal((4, 56, 384)).astype(np.float32)).realize()
+
+    def ln():
+        h = a + b
+        d = h - h.mean(-1, keepdim=True)
+        return (d / ((d * d).mean(-1, keepdim=True) + 1e-12).sqrt()).numpy()
+
+    (k,) = _kernels(ln)
+    body = CRenderer().render(opt.optimize(k, HOST2))
+    body = body[body.rindex("\nvoid "):]
+    assert body.count(" + v") >= 1 and body.count("p1[") == 1 and body.count("p2[") == 1  # a + b once
+
+
+def _two_outputs(X):
+    a, b = X.exp() / X.exp().sum(-1, keepdim=True), X.exp().sum(-1)
+    zyx.realize(a, b)
+    return [a.numpy(), b.numpy()]
+
+
+def _row_programs():
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((6, 5, 130)).astype(np.float32) * 3
+    x[1, 2, 7] = np.nan
+    x[2, 0, 3] = np.inf
+    x[3, 1, :] = -np.inf
+    X = zyx.Tensor(x).realize()
+    M = zyx.Tensor(np.where(rng.random((6, 1, 130)) < 0.3, -np.inf, 0).astype(np.float32)).realize()
+    H = zyx.Tensor(x.astype(np.float16)).realize()
+    D = zyx.Tensor(x.astype(np.float64)).realize()
+    g = zyx.Tensor(rng.standard_normal(130).astype(np.float32)).realize()
+
+    def layernorm(t):
+        h = t * 2 + g
+        d = h - h.mean(-1, keepdim=True)
+        return d / ((d * d).mean(-1, keepdim=True) + 1e-5).sqrt() * g
+
+    return {
+        "softmax": lambda: X.softmax(-1).numpy(),
+        "log_softmax": lambda: X.log_softmax(-1).numpy(),
+        "masked": lambda: (X * 0.5 + M).softmax(-1).numpy(),
+        "softmax_f16": lambda: H.softmax(-1).numpy(),
+        "softmax_f64": lambda: D.softmax(-1).numpy(),
+        "layernorm": lambda: layernorm(X).numpy(),
+        "two_outputs": lambda: _two_outputs(X),
+        "softmax_axis1": lambda: X.softmax(1).numpy(),
+    }
+
+
+@pytest.mark.parametrize("name", list(_row_programs()))
+def test_row_programs_bit_identical_with_stash_off(name):
+    fn = _row_programs()[name]
+    on, off = _run(fn), _run(fn, ("stash_row_values",))
+    for a, b in zip(on, off):
+        _same(a, b, exact=True)
+
+
+# ---- loops indexed by // and % -----------------------------------------------------------------------------
+
+
+def test_head_merge_splits_its_loop():
+    x = np.random.default_rng(2).standard_normal((2, 12, 5, 32)).astype(np.float32)
+    X = zyx.Tensor(x).realize()
+
+    def fn():
+        return X.permute(0, 2, 1, 3).reshape(2, 5, 384).numpy()
+
+    (k,) = _kernels(fn)
+    ko = opt.optimize(k, HOST2)
+    assert [r.arg[1] for r in ko.loops][-2:] == [12, 32]
+    assert not any(e.op in (Ops.DIV, Ops.MOD) for s in ko.stores for e in ir.toposort([s.index, s.value]))
+    on, off = _run(fn), _run(fn, ("split_divmod_loops",))
+    np.testing.assert_array_equal(on[0], off[0])
+    np.testing.assert_array_equal(on[0], x.transpose(0, 2, 1, 3).reshape(2, 5, 384))
+
+
+@pytest.mark.parametrize("shape,perm", [((3, 4, 6), (1, 0, 2)), ((4, 6, 5), (2, 0, 1)), ((2, 3, 4, 5), (0, 2, 1, 3)),
+                                        ((6, 8), (1, 0)), ((3, 16, 8), (1, 0, 2)), ((2, 4, 9, 12), (0, 2, 1, 3))])
+def test_permuted_reshapes_match_with_split_off(shape, perm, eager_passes):
+    x = np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape)
+    X = zyx.Tensor(x).realize()
+
+    def fn():
+        return (X.permute(*perm).reshape(-1) * 3 + 1).numpy()
+
+    on, off = _run(fn), _run(fn, ("split_divmod_loops",))
+    np.testing.assert_array_equal(on[0], off[0])
+    np.testing.assert_array_equal(on[0], x.transpose(perm).reshape(-1) * 3 + 1)
+
+
+# ---- random programs, passes on and off ------------------------------------------------------------------------
+
+EXAMPLES = int(os.environ.get("ZYX_PASS_FUZZ_EXAMPLES", "120"))
+
+
+@pytest.fixture
+def eager_passes(monkeypatch):
+    """Thresholds low enough that the small random programs below exercise every pass."""
+    monkeypatch.setattr(opt, "VECTOR_TILE", 4)
+    monkeypatch.setattr(opt, "ROW_BLOCK", 2)
+    monkeypatch.setattr(opt, "COLUMN_BLOCKS", (32, 16, 8, 4))
+    monkeypatch.setattr(opt, "STASH_MIN_COST", 1)
+    monkeypatch.setattr(opt, "STASH_TOTAL_BYTES", 1 << 9)  # forces the size limit to matter too
+    monkeypatch.setattr(opt, "SPLIT_MIN_INNER", 2)
+
+
+def _agree(a: np.ndarray, b: np.ndarray, what: str) -> None:
+    """Passes on (``a``) and off (``b``): same NaNs and infinities, finite values within reassociation error."""
+    if a.dtype.kind != "f" or not a.size:
+        np.testing.assert_array_equal(a, b)
+        return
+    assert np.array_equal(np.isnan(a), np.isnan(b)), f"{what}: NaN positions differ"
+    fin = np.isfinite(a) & np.isfinite(b)
+    assert np.array_equal(a[~fin & ~np.isnan(a)], b[~fin & ~np.isnan(b)]), f"{what}: infinities differ"
+    scale = max(1.0, float(np.max(np.abs(b[fin]), initial=0)))
+    assert np.allclose(a[fin].astype(np.float64), b[fin].astype(np.float64), rtol=1e-3, atol=1e-3 * scale), \
+        f"{what}: passes on and off differ"
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(prog=programs())
+def test_fuzz_programs_agree_with_passes_off(prog, eager_passes):
+    on = _run(lambda: run_zyx(prog, "host"))
+    off = _run(lambda: run_zyx(prog, "host"), PASSES)
+    for i, a, b in zip(prog.outputs, on, off):
+        assert compare(a, prog.vals[i]) is None, f"v{i} with passes on differs from NumPy"
+        _agree(a, b, f"v{i}")
+
+
+_DIMS = st.sampled_from([1, 2, 3, 4, 5, 8, 12, 16, 24, 33])
+_PRE = {
+    "x": lambda x, y: x,
+    "affine": lambda x, y: x * 0.5 + y,
+    "exp": lambda x, y: (x - y).exp(),
+    "relu_mul": lambda x, y: (x + y).relu() * x,
+    "sqrt": lambda x, y: x.abs().sqrt() - y,
+    "tanh": lambda x, y: (x * y).tanh(),
+}
+_RED = {"sum": lambda t, a, kd: t.sum(a, keepdim=kd), "max": lambda t, a, kd: t.max(a, keepdim=kd),
+        "min": lambda t, a, kd: t.min(a, keepdim=kd), "mean": lambda t, a, kd: t.mean(a, keepdim=kd)}
+
+
+def _pattern(name: str, t, red, axis: int):
+    if name == "reduce":
+        return red(t, axis, False)
+    if name == "center":  # a row value, then a second reduce over the same row
+        d = t - red(t, axis, True)
+        return (d * d).sum(axis)
+    if name == "softmax":
+        e = (t - t.max(axis, keepdim=True)).exp()
+        return e / e.sum(axis, keepdim=True)
+    if name == "layernorm":
+        d = t - t.mean(axis, keepdim=True)
+        return d / ((d * d).mean(axis, keepdim=True) + 1e-5).sqrt()
+    if name == "nested":  # row values under another reduce (the stash must stay inside its loop)
+        e = (t - t.max(axis, keepdim=True)).exp()
+        return red((e / e.sum(axis, keepdim=True)) * t, (axis + 1) % t.ndim, False)
+    if name == "merge":  # a permuted reshape (its loops are indexed by // and %), then the reduce
+        perm = list(range(t.ndim))
+        perm[axis], perm[-1] = perm[-1], perm[axis]
+        m = t.permute(*perm)
+        mm = m.reshape(*m.shape[:-2], m.shape[-2] * m.shape[-1]) * 2
+        return mm * red(mm, -1, True)
+    return t * red(t, axis, True)  # "scale": the output loop recomputes what the reduce computed
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(shape=st.lists(_DIMS, min_size=2, max_size=3), data=st.data())
+def test_row_and_column_programs_agree_with_passes_off(shape, data, eager_passes):
+    axis = data.draw(st.integers(0, len(shape) - 1), label="axis")
+    pre = data.draw(st.sampled_from(sorted(_PRE)), label="pre")
+    red = data.draw(st.sampled_from(sorted(_RED)), label="red")
+    pat = data.draw(st.sampled_from(["reduce", "center", "softmax", "layernorm", "scale", "merge",
+                                          "nested"]), label="pattern")
+    dt = data.draw(st.sampled_from([np.float32, np.float64, np.float16]), label="dtype")
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16), label="seed"))
+    x = (rng.standard_normal(shape) * 2).astype(dt)
+    if data.draw(st.booleans(), label="specials"):
+        x.flat[rng.integers(0, x.size, 2)] = [np.nan, -np.inf]
+    ybshape = [1 if rng.random() < 0.5 else n for n in shape]
+    y = rng.standard_normal(ybshape).astype(dt)
+    X, Y = zyx.Tensor(x).realize(), zyx.Tensor(y).realize()
+
+    def fn():
+        return _pattern(pat, _PRE[pre](X, Y), _RED[red], axis).numpy()
+
+    on, off = _run(fn)[0], _run(fn, PASSES)[0]
+    _agree(on, off, f"{pat}/{pre}/{red} axis {axis}")
+
+
+def test_random_programs_reach_the_passes(eager_passes):
+    """The eager thresholds do make the random shapes above block column sums and stash row values."""
+    X = zyx.Tensor(np.ones((16, 24), np.float32)).realize()
+    ks = _kernels(lambda: [X.sum(0).numpy(), (X.exp() / X.exp().sum(1, keepdim=True)).numpy()])
+    ko = [opt.optimize(k, HOST2) for k in ks]
+    assert any("vector_block" in k.meta for k in ko)
+    assert any(Ops.STASH in _ops(k) for k in ko)
+
+
+def test_pass_names_are_known():
+    assert set(PASSES) <= {"column_block", "block_vector_reduce", "stash_row_values", "split_divmod_loops"}
+    assert math.isfinite(opt.STASH_MAX_BYTES)
