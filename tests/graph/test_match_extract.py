@@ -262,3 +262,20 @@ def test_columns_matrices_and_transposed_results_are_not_bias_adds():
     assert not _bias_adds(x @ w + zyx.randn(6, 1))  # a column: varies along m
     assert not _bias_adds(x @ w + zyx.randn(6, 5))  # a whole matrix
     assert not _bias_adds((x @ w).T + zyx.randn(6))  # the result read transposed
+
+
+def test_the_search_over_a_large_graph_is_bounded_in_class_visits(monkeypatch):
+    """Many library alternatives (a deep stack of biased linears): the branch and bound examines at most
+    ``SEARCH_VISITS`` / (classes) partial choices, each of which walks the graph once."""
+    from zyx.graph import extract as ex
+
+    calls = []
+    real = ex._lower_bound
+    monkeypatch.setattr(ex, "_lower_bound", lambda *a: calls.append(1) or real(*a))
+    x = zyx.randn(64, 64)
+    for _ in range(24):
+        x = (x @ zyx.randn(64, 64).T + zyx.randn(64)).relu()
+    order, _ = schedule.collect([x.cls])
+    schedule.clear_cache()
+    x.realize()
+    assert len(calls) <= max(ex.MIN_SEARCH_BUDGET, ex.SEARCH_VISITS // len(order)) + 1

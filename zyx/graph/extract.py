@@ -5,7 +5,8 @@ added in ``match_graph``. The total time of a choice counts every class reachabl
 the chosen nodes once (shared inputs are paid once), which is why choosing per class greedily is not
 optimal in general. Small choice spaces are searched exhaustively; larger ones start from a greedy choice
 improved by single flips, then branch and bound (lower bound: classes needed whatever the remaining
-choices, each unchosen class at its cheapest own cost) searches for better within a budget.
+choices, each unchosen class at its cheapest own cost) searches for better within a budget. Both searches
+are bounded in class visits (``SEARCH_VISITS``), so planning a large graph stays fast.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from zyx.utils import debug_on, log
 
 CostFn = Callable[[Class, Node], float]
 EXHAUSTIVE_LIMIT = 4096
-SEARCH_BUDGET = 20_000  # partial choices the branch and bound may examine
+SEARCH_VISITS = 300_000  # class visits a search may spend: every combination or partial choice walks the graph
+MIN_SEARCH_BUDGET = 64  # partial choices the branch and bound may examine however large the graph
 GENERATED_NS_PER_ELEMENT = 1.0  # one fused element operation on one compute unit
 
 
@@ -132,8 +134,9 @@ def extract(outputs: list[Class], cost: CostFn, exhaustive_limit: int = EXHAUSTI
             frontier.extend(n.srcs)
     if not choosable:
         return base
+    cost = _memoized(cost)
     space = math.prod(len(c.nodes) for c in choosable)
-    if space <= exhaustive_limit:
+    if space <= exhaustive_limit and space * len(seen) <= SEARCH_VISITS:
         best, best_cost = None, math.inf
         for combo in itertools.product(*(c.nodes for c in choosable)):
             choice = {id(c): n for c, n in zip(choosable, combo)}
@@ -142,12 +145,27 @@ def extract(outputs: list[Class], cost: CostFn, exhaustive_limit: int = EXHAUSTI
                 best, best_cost = choice, t
         result = best
     else:
-        result = _branch_and_bound(outputs, choosable, cost, _greedy_then_improve(outputs, choosable, cost))
+        result = _branch_and_bound(outputs, choosable, cost, _greedy_then_improve(outputs, choosable, cost),
+                                   max(MIN_SEARCH_BUDGET, SEARCH_VISITS // len(seen)))
     if debug_on("sched"):
         for c in choosable:
             alts = ", ".join(f"{_label(n)}={cost(c, n) / 1e3:.1f}us" for n in c.nodes)
             log("sched", f"{c!r}: chose {_label(result[id(c)])} among [{alts}]")
     return result
+
+
+def _memoized(cost: CostFn) -> CostFn:
+    """``cost`` computed once per (class, node) during one extraction (the searches ask again and again)."""
+    memo: dict[tuple[int, int], float] = {}
+
+    def cached(c: Class, n: Node) -> float:
+        key = (id(c), id(n))
+        t = memo.get(key)
+        if t is None:
+            t = memo[key] = cost(c, n)
+        return t
+
+    return cached
 
 
 def _label(n: Node) -> str:
@@ -202,10 +220,10 @@ def _lower_bound(outputs: list[Class], partial: dict[int, Node], open_ids: set[i
 
 
 def _branch_and_bound(outputs: list[Class], choosable: list[Class], cost: CostFn,
-                      incumbent: dict[int, Node]) -> dict[int, Node]:
+                      incumbent: dict[int, Node], budget_choices: int) -> dict[int, Node]:
     best, best_cost = dict(incumbent), total_cost(outputs, incumbent, cost)
     open_ids = {id(c) for c in choosable}
-    budget = [SEARCH_BUDGET]
+    budget = [budget_choices]
     partial: dict[int, Node] = {}
 
     def search(i: int) -> None:
