@@ -62,6 +62,23 @@ def host_without_blas():
         schedule.clear_cache()
 
 
+def kernels_of(*tensors: zyx.Tensor) -> list:
+    """The kernel IRs the host compiles to realize ``tensors`` (with the schedule cache cleared first)."""
+    from zyx import utils
+    from zyx.graph import schedule
+
+    outer = utils.KERNEL_LOG
+    utils.KERNEL_LOG = []
+    schedule.clear_cache()
+    try:
+        zyx.debug.schedule(*tensors)
+        return list(utils.KERNEL_LOG)
+    finally:
+        if outer is not None:
+            outer.extend(utils.KERNEL_LOG)
+        utils.KERNEL_LOG = outer
+
+
 def assert_close(got, want, rtol: float = 1e-5, atol: float = 1e-6, dtype=None) -> None:
     """Compare a zyx result with a NumPy reference: shape, optionally dtype, values (NaN == NaN)."""
     g = got.numpy() if isinstance(got, zyx.Tensor) else np.asarray(got)

@@ -84,28 +84,25 @@ def _square(args) -> tuple[np.ndarray, zyx.Tensor]:
     return x, zyx.Tensor(x).realize()
 
 
-@case
-def row_sum(args) -> Row:
+def _sum_row(args, axis: int, what: str) -> Row:
     x, X = _square(args)
-    row = Row(f"row sum {x.shape[0]}x{x.shape[1]} f32", median_ms(lambda: X.sum(axis=1).realize(), args.repeats))
-    row.refs["numpy"] = median_ms(lambda: x.sum(axis=1), args.repeats)
+    row = Row(f"{what} sum {x.shape[0]}x{x.shape[1]} f32", median_ms(lambda: X.sum(axis=axis).realize(), args.repeats))
+    row.refs["numpy"] = median_ms(lambda: x.sum(axis=axis), args.repeats)
     torch = _torch()
     if torch is not None:
         t = torch.from_numpy(x)
-        row.refs["torch"] = median_ms(lambda: t.sum(dim=1), args.repeats)
+        row.refs["torch"] = median_ms(lambda: t.sum(dim=axis), args.repeats)
     return row
+
+
+@case
+def row_sum(args) -> Row:
+    return _sum_row(args, 1, "row")
 
 
 @case
 def col_sum(args) -> Row:
-    x, X = _square(args)
-    row = Row(f"column sum {x.shape[0]}x{x.shape[1]} f32", median_ms(lambda: X.sum(axis=0).realize(), args.repeats))
-    row.refs["numpy"] = median_ms(lambda: x.sum(axis=0), args.repeats)
-    torch = _torch()
-    if torch is not None:
-        t = torch.from_numpy(x)
-        row.refs["torch"] = median_ms(lambda: t.sum(dim=0), args.repeats)
-    return row
+    return _sum_row(args, 0, "column")
 
 
 @case

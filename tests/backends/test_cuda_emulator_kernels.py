@@ -469,3 +469,17 @@ def test_a_fault_outside_kernels_still_reaches_faulthandler(tmp_path):
                        timeout=120, env=env)
     assert "kernels ok" in r.stdout, r.stderr
     assert r.returncode != 0 and "Segmentation fault" in r.stderr, (r.returncode, r.stderr)
+
+
+def test_a_kernel_named_like_a_loaded_librarys_symbol_runs_its_own_code(tmp_path):
+    """A library loaded into the global scope before the module (as MKL loads its BLAS, which exports ``saxpy``)
+    that defines a function named like a kernel does not capture the kernel's launches."""
+    src = tmp_path / "clash.c"
+    src.write_text("void zyx_test_clash(int* p) { p[0] = 1; }\n")
+    lib = tmp_path / "libclash.so"
+    subprocess.run(["cc", "-shared", "-fPIC", str(src), "-o", str(lib)], check=True)
+    ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+    mod = compile_module('extern "C" __global__ void zyx_test_clash(int* p) { p[0] = 2; }\n')
+    out = np.zeros(1, np.int32)
+    assert mod.functions["zyx_test_clash"].run([ptr(out)], (1, 1, 1), (1, 1, 1)) is None
+    assert out[0] == 2

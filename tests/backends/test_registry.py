@@ -51,6 +51,7 @@ def test_zyx_config_env_wins(tmp_path, monkeypatch):
     ('{"blas": true}', r"key 'blas' must be an object"),
     ('[1, 2]', r"the top level must be a JSON object"),
     ('{"host": {"colour": 1}}', r"unknown key 'host.colour'"),
+    ('{"blas": {"library": "atlas"}}', r"'blas.library' must be one of 'auto', 'mkl', 'openblas'"),
 ])
 def test_malformed_files_name_file_line_and_key(tmp_path, text, match):
     f = tmp_path / "bad.json"
@@ -69,6 +70,39 @@ def test_disabled_and_missing_backends_are_reported_not_fatal(tmp_path, monkeypa
     assert "no-such-compiler-xyz" in status["host"] and "not found" in status["host"]
     with pytest.raises(reg.BackendError, match="no compute device is available"):
         r.default_device()
+
+
+@pytest.mark.parametrize("library", ["openblas", "mkl"])
+def test_the_configured_blas_library_is_used_or_its_absence_explained(tmp_path, library):
+    """``blas.library`` picks the CBLAS; "mkl" without the wheel installed says which pip extra to install (and
+    the host still computes, through generated matmuls)."""
+    import numpy as np
+
+    from zyx.backends.blas import device as blas
+
+    f = tmp_path / "c.json"
+    f.write_text(json.dumps({"blas": {"library": library}}))
+    r = reg.Registry(f)
+    devs = [d for d in r.get("host").devices if d.info().kind == "blas"]
+    if library == "mkl" and blas._find_mkl() is None:
+        assert not devs
+        with pytest.raises(reg.BackendError, match=r"pip install 'zyx\[mkl\]'"):
+            blas.BlasDevice(r.get("host").pool, None, "mkl")
+        return
+    assert devs and devs[0].library == library and devs[0].info().extra["library"] == library
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    dev = devs[0]
+    gemm = blas.Gemm(blas.dtypes.float32, (), 3, 3, 4, False, True, 4, 4, 3, 0, 0, (), (), ())
+    pid = dev._program(gemm)
+    pool = r.get("host").pool
+    ids = [pool.allocate(a.nbytes), pool.allocate(a.nbytes), pool.allocate(36)]
+    for i in ids[:2]:
+        pool.host_to_pool(memoryview(a.reshape(-1).view(np.uint8)), i)
+    dev.launch(pid, ids)
+    out = pool.view(ids[2]).view(np.float32).reshape(3, 3)
+    np.testing.assert_allclose(out, a @ a.T)
+    for i in ids:
+        pool.release(i)
 
 
 def test_device_names():

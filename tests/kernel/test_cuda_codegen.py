@@ -22,7 +22,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import assert_close, host_without_blas
+from conftest import assert_close, host_without_blas, kernels_of
 
 import zyx
 from zyx import dtypes, utils
@@ -55,18 +55,6 @@ needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the CUDA emu
 f32 = dtypes.float32
 
 
-def kernels_of(*tensors: zyx.Tensor) -> list[Kernel]:
-    """The kernel IRs the host compiles to realize ``tensors`` (with the schedule cache cleared first)."""
-    outer = utils.KERNEL_LOG
-    utils.KERNEL_LOG = []
-    schedule.clear_cache()
-    try:
-        zyx.debug.schedule(*tensors)
-        return list(utils.KERNEL_LOG)
-    finally:
-        if outer is not None:
-            outer.extend(utils.KERNEL_LOG)
-        utils.KERNEL_LOG = outer
 
 
 # ---------------------------------------------------------------------------------------------------------------

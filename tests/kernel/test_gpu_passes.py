@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import kernels_of
 
 import zyx
-from zyx import dtypes, utils
-from zyx.graph import schedule
+from zyx import dtypes
 from zyx.kernel import gpu, ir
 from zyx.kernel.ir import Kernel, Ops, Param, Store
 from zyx.kernel.linearize import linearize
@@ -31,17 +31,6 @@ f32 = dtypes.float32
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the source probe needs g++")
 
 
-def kernels_of(*tensors: zyx.Tensor) -> list[Kernel]:
-    outer = utils.KERNEL_LOG
-    utils.KERNEL_LOG = []
-    schedule.clear_cache()
-    try:
-        zyx.debug.schedule(*tensors)
-        return list(utils.KERNEL_LOG)
-    finally:
-        if outer is not None:
-            outer.extend(utils.KERNEL_LOG)
-        utils.KERNEL_LOG = outer
 
 
 def only_kernel(t: zyx.Tensor) -> Kernel:

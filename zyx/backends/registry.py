@@ -23,7 +23,7 @@ from zyx.utils import log
 
 DEFAULTS: dict = {
     "host": {"enabled": True, "cc": "cc", "openmp": True, "threads": None},
-    "blas": {"enabled": True},
+    "blas": {"enabled": True, "library": "auto"},
     "cuda": {"device_ids": None, "cudnn": True, "queues": 12, "emulate": False, "allow_tf32": False,
              "graphs": True},
     "disk": {},
@@ -33,12 +33,15 @@ DEFAULTS: dict = {
 
 _TYPES: dict[str, dict[str, tuple]] = {
     "host": {"enabled": (bool,), "cc": (str,), "openmp": (bool,), "threads": (int, type(None))},
-    "blas": {"enabled": (bool,)},
+    "blas": {"enabled": (bool,), "library": (str,)},
     "cuda": {"device_ids": (list, type(None)), "cudnn": (bool,), "queues": (int,), "emulate": (bool,),
              "allow_tf32": (bool,), "graphs": (bool,)},
     "disk": {},
     "autotune": {"enabled": (bool,), "budget_s": (int, float)},
 }
+
+
+BLAS_LIBRARIES = ("auto", "mkl", "openblas")  # auto: MKL when installed (pip install 'zyx[mkl]'), else OpenBLAS
 
 
 class ConfigError(ValueError):
@@ -96,6 +99,9 @@ def load_config(path: Path | None = None) -> tuple[dict, Path | None]:
             if key == "cuda" and sub == "device_ids" and v is not None and \
                     not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in v):
                 raise ConfigError(f"{path}:{sline}: key 'cuda.device_ids' must list GPU ordinals, got {v!r}")
+            if key == "blas" and sub == "library" and v not in BLAS_LIBRARIES:
+                raise ConfigError(f"{path}:{sline}: key 'blas.library' must be one of "
+                                  f"{', '.join(map(repr, BLAS_LIBRARIES))}, got {v!r}")
             if key == "cuda" and sub == "queues" and v < 1:
                 raise ConfigError(f"{path}:{sline}: key 'cuda.queues' must be at least 1, got {v!r}")
             cfg[key][sub] = v
@@ -134,7 +140,7 @@ def _probe_host(cfg: dict) -> list[Placement]:
     if cfg["blas"]["enabled"]:
         try:
             from zyx.backends.blas import BlasDevice
-            devices.append(BlasDevice(pool, devices[0].compiler))
+            devices.append(BlasDevice(pool, devices[0].compiler, cfg["blas"]["library"]))
         except ImportError:
             pass
         except BackendError as e:
