@@ -8,6 +8,10 @@ synchronize; inputs are realized before timing; medians after warm-up):
 - ``relu(a*b+c)*0.5 + exp(-abs(a))`` over 2^28 float32: GB/s (3 reads + 1 write) beside the measured
   device-to-device copy bandwidth (zyx pool copy and ``torch.Tensor.copy_``) and torch eager.
 - softmax over the last axis of 8192 x 8192 float32: GB/s (1 read + 1 write) and the ratio to ``torch.softmax``.
+- column sum ``x.sum(0)`` of 8192 x 8192 float32: GB/s (1 read), beside ``torch.sum(dim=0)`` and the measured copy
+  bandwidth (issue 12: at least 80% of it).
+- f16 matmul 4096^3 with cuDNN off (the generated ``mma.sync`` kernel) beside the same matmul on cuDNN (issue 12: at
+  least 50% of cuDNN's TFLOP/s) and ``torch.matmul``.
 - tiny launches through the batched worker: 10,000 launches of a one-thread kernel, then one sync (launches/s);
   beside it tiny zyx ops end to end (``(x + 1).realize()``) and torch ``add_`` calls per second.
 
@@ -238,6 +242,63 @@ def case_softmax(env: Env) -> Row:
     return row
 
 
+def case_column_sum(env: Env) -> Row:
+    n = 256 if env.smoke else 8192
+    row = Row(f"column sum {n}x{n} f32 (x.sum(0))", "GB/s")
+    x_np = _random((n, n), "float32", 4)
+    x = env.tensor(x_np)
+    row.note = _schedule_note(x.sum(0))
+    reps = env.repeats(10)
+    nbytes = 4.0 * n * n
+    row.zyx = nbytes / median_s(lambda: x.sum(0).realize(), env.sync, reps) / 1e9
+    err = float(np.max(np.abs(x.sum(0).numpy() - x_np.astype(np.float64).sum(0))))
+    row.note += f"; max abs err vs float64 NumPy {err:.1e}"
+    pool = env.placement.pool
+    dst = pool.allocate(4 * n * n)
+    try:
+        copy = 8.0 * n * n / median_s(lambda: pool.pool_to_pool(pool, x.cls.buffer.id, dst), env.sync, reps) / 1e9
+    finally:
+        pool.release(dst)
+    row.refs["copy_GBps"] = copy
+    row.note += f"; {100 * row.zyx / copy:.0f}% of the measured copy bandwidth ({copy:.0f} GB/s)"
+    if env.torch is not None:
+        tx = env.ttensor(x_np)
+        row.torch = nbytes / median_s(lambda: tx.sum(0), env.tsync, reps) / 1e9
+    return row
+
+
+def case_matmul_generated(env: Env, dtype: str = "float16", n: int = 4096) -> Row:
+    """The generated (tensor-core ``mma.sync``) matmul, cuDNN off, beside cuDNN's on the same device."""
+    if env.smoke:
+        n = n // 64
+    row = Row(f"matmul {dtype} {n}^3, generated (cuDNN off)", "TFLOP/s")
+    a_np, b_np = _random((n, n), dtype, 5), _random((n, n), dtype, 6)
+    a, b = env.tensor(a_np), env.tensor(b_np)
+    flops = 2.0 * n**3
+    reps = env.repeats(10)
+    cudnn = getattr(env.dev, "_cudnn", None)
+    with_lib = flops / median_s(lambda: (a @ b).realize(), env.sync, reps) / 1e12
+    from zyx.graph import schedule
+
+    env.dev._cudnn = None  # no library alternative: the matmul is a generated kernel
+    schedule.clear_cache()
+    try:
+        row.note = ("" if env.is_cuda else "(not cuda: the host's BLAS stays on) ") + _schedule_note(a @ b)
+        row.zyx = flops / median_s(lambda: (a @ b).realize(), env.sync, reps) / 1e12
+        z = (a @ b).numpy().astype(np.float32)
+    finally:
+        env.dev._cudnn = cudnn
+        schedule.clear_cache()
+    row.refs["library_TFLOPs"] = with_lib
+    row.note += f"; {100 * row.zyx / with_lib:.0f}% of the library path ({with_lib:.1f} TFLOP/s)"
+    ref = a_np.astype(np.float32)[:64] @ b_np.astype(np.float32)
+    row.note += f"; max abs err vs float32 NumPy (64 rows) {float(np.max(np.abs(z[:64] - ref))):.1e}"
+    if env.torch is not None:
+        ta, tb = env.ttensor(a_np), env.ttensor(b_np)
+        row.torch = flops / median_s(lambda: ta @ tb, env.tsync, reps) / 1e12
+    return row
+
+
 TINY = r"""
 extern "C" __global__ void zyx_bench_tiny(float* out) {
   if (threadIdx.x == 0) out[0] += 1.0f;
@@ -320,6 +381,8 @@ def cases(env: Env) -> list[tuple[str, Callable[[], Row | list[Row]], float]]:
         matmul(dtype, 8192)
     out.append(("elementwise", lambda: case_elementwise(env), 45))
     out.append(("softmax", lambda: case_softmax(env), 30))
+    out.append(("column sum", lambda: case_column_sum(env), 30))
+    out.append(("matmul generated", lambda: case_matmul_generated(env), 60))
     out.append(("tiny launches", lambda: case_tiny(env), 30))
     for dtype in ("bfloat16", "float16", "float32"):
         matmul(dtype, 4096)
