@@ -409,9 +409,12 @@ def embed_minilm(args) -> Row | None:
     zyx.debug.reset_stats()
     ms = median_ms(lambda: enc.encode(batch), max(args.repeats, 5), warmup=1)
     compiles = zyx.debug.stats()["compiles"]
+    from zyx.backends.registry import registry
+
+    blas = [d.info().extra.get("library") for d in registry().get("host").devices if d.info().kind == "blas"]
     row = Row("MiniLM-L6 embeddings, batch of 32 sentences", ms,
               note=f"{len(batch) / ms * 1e3:.0f} sentences/s; first call {first:.0f} ms with {first_compiles} "
-                   f"compiles; {compiles} compiles after warm-up")
+                   f"compiles; {compiles} compiles after warm-up; GEMMs: {blas[0] if blas else 'generated'}")
     if _torch() is not None:
         from zyx.examples.embed_torch import TorchMiniLM
 
