@@ -133,8 +133,6 @@ class AttentionPlan:
 
 def plan_attention(att) -> AttentionPlan | str:
     """The host kernel's problem for a ``zyx.graph.match_attention.Attention``, or why it cannot run it."""
-    from zyx.backends.blas.device import _layout
-
     d = att.dtype
     if d not in (dtypes.float32, dtypes.float64):
         return f"{d.name} attention (the host kernel takes float32 or float64)"
@@ -147,7 +145,8 @@ def plan_attention(att) -> AttentionPlan | str:
         return "negative strides"
     nb = len(att.batch)
     (ql, qe), (ks, ke), (vs, ve) = att.q.strides[nb:], att.k.strides[nb:], att.v.strides[nb:]
-    lq, lk, lv = _layout(att.L, att.E, ql, qe), _layout(att.E, att.S, ke, ks), _layout(att.S, att.Ev, vs, ve)
+    layout = threaded.matrix_layout
+    lq, lk, lv = layout(att.L, att.E, ql, qe), layout(att.E, att.S, ke, ks), layout(att.S, att.Ev, vs, ve)
     if lq is None or lk is None or lv is None:
         return "an operand has no unit stride"
     mask = tuple(att.mask.strides[nb:]) if att.mask is not None else None

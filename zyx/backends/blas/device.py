@@ -352,19 +352,6 @@ class BlasDevice(Device):
         return time.perf_counter_ns() - t0
 
 
-def _layout(rows: int, cols: int, row_stride: int, col_stride: int) -> tuple[bool, int] | None:
-    """(transposed, leading dimension) of a rows x cols matrix for row-major BLAS, or None if not expressible."""
-    if cols == 1 or col_stride == 1:
-        ld = row_stride if rows > 1 else max(cols, 1)
-        if ld >= max(cols, 1):
-            return False, ld
-    if rows == 1 or row_stride == 1:
-        ld = col_stride if cols > 1 else max(rows, 1)
-        if ld >= max(rows, 1):
-            return True, ld
-    return None
-
-
 def plan_gemm(mm) -> tuple[Gemm, tuple] | None:
     """A row-major GEMM for a matmul match, with its input classes, or None when BLAS cannot run it."""
     d = mm.acc_dtype
@@ -394,7 +381,8 @@ def plan_gemm(mm) -> tuple[Gemm, tuple] | None:
         a_rows, a_cols, a_rs, a_cs, b_rows, b_cols, b_rs, b_cs = n, k, b_cs, b_rs, k, m, a_cs, a_rs
         m, n = n, m
         c_rs, c_cs = c_cs, c_rs
-    la, lb = _layout(a_rows, a_cols, a_rs, a_cs), _layout(b_rows, b_cols, b_rs, b_cs)
+    la, lb = threaded.matrix_layout(a_rows, a_cols, a_rs, a_cs), threaded.matrix_layout(b_rows, b_cols, b_rs,
+                                                                                        b_cs)
     ldc = c_rs if m > 1 else max(n, 1)
     if la is None or lb is None or ldc < max(n, 1):
         return None

@@ -108,3 +108,16 @@ def batch_offsets(batch: Sequence[int], a_offset: int, b_offset: int, a_batch: S
                   b_batch: Sequence[int], c_batch: Sequence[int]) -> np.ndarray:
     """(prod(batch), 3) int64 element offsets of A, B and C for every batch index, in row-major batch order."""
     return strided_offsets(batch, [(a_offset, a_batch), (b_offset, b_batch), (0, c_batch)])
+
+
+def matrix_layout(rows: int, cols: int, row_stride: int, col_stride: int) -> tuple[bool, int] | None:
+    """(transposed, leading dimension) of a rows x cols matrix for row-major BLAS, or None if not expressible."""
+    if cols == 1 or col_stride == 1:
+        ld = row_stride if rows > 1 else max(cols, 1)
+        if ld >= max(cols, 1):
+            return False, ld
+    if rows == 1 or row_stride == 1:
+        ld = col_stride if cols > 1 else max(rows, 1)
+        if ld >= max(rows, 1):
+            return True, ld
+    return None

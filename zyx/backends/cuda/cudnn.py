@@ -170,13 +170,20 @@ def matmul_spec(mm: Any, allow_tf32: bool = False) -> MatmulSpec | str:
                       (bc, mm.m, mm.n), (sbc, *c), offsets[0], offsets[1], allow_tf32 and da.name == "float32")
 
 
-def describe(spec: MatmulSpec, cudnn: Any = None, handle: Any = None) -> tuple[Any, tuple[Any, Any, Any]]:
-    """The cudnn-frontend graph of ``spec`` and its tensors (A, B, C), not yet validated (works without a GPU)."""
+def new_graph(name: str, dtype: str, cudnn: Any = None, handle: Any = None) -> tuple[Any, Any, Any]:
+    """(frontend module, an empty cudnn-frontend graph named ``name`` with ``dtype`` I/O and float32 intermediates
+    and compute, the I/O data type)."""
     cudnn = cudnn or _cudnn()
     dt = cudnn.data_type
-    io = getattr(dt, CUDNN_TYPES[spec.in_dtype])
-    g = cudnn.pygraph(name=spec.name, io_data_type=io, intermediate_data_type=dt.FLOAT, compute_data_type=dt.FLOAT,
-                      handle=handle)
+    io = getattr(dt, CUDNN_TYPES[dtype])
+    return cudnn, cudnn.pygraph(name=name, io_data_type=io, intermediate_data_type=dt.FLOAT,
+                                compute_data_type=dt.FLOAT, handle=handle), io
+
+
+def describe(spec: MatmulSpec, cudnn: Any = None, handle: Any = None) -> tuple[Any, tuple[Any, Any, Any]]:
+    """The cudnn-frontend graph of ``spec`` and its tensors (A, B, C), not yet validated (works without a GPU)."""
+    cudnn, g, io = new_graph(spec.name, spec.in_dtype, cudnn, handle)
+    dt = cudnn.data_type
     a = g.tensor(name="A", dim=list(spec.a_dims), stride=list(spec.a_strides), data_type=io)
     b = g.tensor(name="B", dim=list(spec.b_dims), stride=list(spec.b_strides), data_type=io)
     c = g.matmul(a, b, compute_data_type=dt.FLOAT, name="matmul")

@@ -33,7 +33,6 @@ from typing import Any
 
 from zyx.backends.cuda.cudnn import (
     ALIGN_BYTES,
-    CUDNN_TYPES,
     LAUNCH_OVERHEAD_NS,
     SHORT,
     CudnnUnsupported,
@@ -41,6 +40,7 @@ from zyx.backends.cuda.cudnn import (
     _cudnn,
     _merge_batch,
     finish_plan,
+    new_graph,
     stream_handle,
 )
 from zyx.graph.node import LibraryKernel
@@ -167,11 +167,7 @@ def sdpa_spec(att: Any) -> SdpaSpec | str:
 def describe(spec: SdpaSpec, cudnn: Any = None, handle: Any = None) -> tuple[Any, tuple[Any, ...]]:
     """The cudnn-frontend graph of ``spec`` and its tensors (q, k, v[, bias], O), not yet validated (works without a
     GPU). Inference only: no softmax statistics are generated."""
-    cudnn = cudnn or _cudnn()
-    dt = cudnn.data_type
-    io = getattr(dt, CUDNN_TYPES[spec.dtype])
-    g = cudnn.pygraph(name=spec.name, io_data_type=io, intermediate_data_type=dt.FLOAT, compute_data_type=dt.FLOAT,
-                      handle=handle)
+    cudnn, g, io = new_graph(spec.name, spec.dtype, cudnn, handle)
     q = g.tensor(name="Q", dim=list(spec.q_dims), stride=list(spec.q_strides), data_type=io)
     k = g.tensor(name="K", dim=list(spec.k_dims), stride=list(spec.k_strides), data_type=io)
     v = g.tensor(name="V", dim=list(spec.v_dims), stride=list(spec.v_strides), data_type=io)
