@@ -35,7 +35,7 @@ from zyx import dtypes
 from zyx.backends.host.pool import HostPool
 from zyx.backends.registry import canonical_name, registry
 from zyx.dtypes import DType
-from zyx.graph.node import Buffer, leaf
+from zyx.graph.node import Buffer, contiguous_strides, leaf
 from zyx.tensor import Tensor
 from zyx.utils import log
 
@@ -427,7 +427,7 @@ def _make_capsule(t: Tensor, data: int, kind: int, index: int, versioned: bool, 
     deleter, destructor = _addresses()
     nd = t.ndim
     shape = (ctypes.c_int64 * max(nd, 1))(*t.shape)
-    strides = (ctypes.c_int64 * max(nd, 1))(*_row_major(t.shape))
+    strides = (ctypes.c_int64 * max(nd, 1))(*contiguous_strides(t.shape))
     dl = DLTensor(data, DLDevice(kind, index), nd, _dl_dtype(t.dtype), shape, strides, 0)
     if versioned:
         managed = DLManagedTensorVersioned(DLPackVersion(*VERSION), None, deleter, flags, dl)
@@ -446,14 +446,6 @@ def _make_capsule(t: Tensor, data: int, kind: int, index: int, versioned: bool, 
         with _exports_lock:
             del _exports[address]
         raise
-
-
-def _row_major(shape: tuple[int, ...]) -> list[int]:
-    out, step = [], 1
-    for n in reversed(shape):
-        out.append(step)
-        step *= n
-    return out[::-1]
 
 
 # ---- import ---------------------------------------------------------------------------------------------------
@@ -603,7 +595,7 @@ def _strided_copy(data: int, shape: tuple[int, ...], strides: tuple[int, ...] | 
     if math.prod(shape) == 0:
         return np.empty(shape, dtype.np_dtype)
     item = dtype.itemsize
-    el = strides if strides is not None else tuple(_row_major(shape))
+    el = strides if strides is not None else contiguous_strides(shape)
     lo = sum((n - 1) * s for n, s in zip(shape, el) if s < 0) * item
     hi = sum((n - 1) * s for n, s in zip(shape, el) if s > 0) * item + item
     raw = (ctypes.c_uint8 * (hi - lo)).from_address(data + lo)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 from collections import Counter
+from pathlib import Path
 
 FLAGS = {"dev": 1, "graph": 2, "sched": 4, "ir": 8, "asm": 16, "launch": 32, "memory": 64, "compile": 128,
          "autotune": 256}
@@ -38,6 +39,12 @@ STATS: Counter = Counter()
 
 # When a list, every kernel IR a device compiles is appended to it (tests compile them for other targets).
 KERNEL_LOG: list | None = None
+
+
+def cache_dir() -> Path:
+    """Where zyx keeps what it compiled and measured: ``$XDG_CACHE_HOME/zyx``, else ``~/.cache/zyx``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "zyx"
 
 
 def debug_on(flag: str) -> bool:

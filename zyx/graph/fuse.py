@@ -18,6 +18,7 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
 from zyx.backends.base import BackendError, ErrorStatus
@@ -204,16 +205,28 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
                        f"(kernels {names}); please report this graph (ZYX_DEBUG=sched shows the rounds)")
 
 
-def _contract(units: list[Class], deps: dict[int, list[Class]], root_ids: set[int]) -> dict[int, int]:
-    """Union generated roots of one shape and device where one loads the other and no other path joins them
-    (so the merged kernel computes both, sharing the work). Returns id(class) -> unit id."""
-    parent = {id(c): id(c) for c in units}
+class UnionFind:
+    """Disjoint sets of hashable items (path halving); ``union(a, b)`` puts ``b``'s set under ``a``'s root."""
 
-    def find(x: int) -> int:
+    def __init__(self, items: Iterable[Hashable]) -> None:
+        self.parent = {x: x for x in items}
+
+    def find(self, x: Hashable) -> Hashable:
+        parent = self.parent
         while parent[x] != x:
             parent[x] = parent[parent[x]]
             x = parent[x]
         return x
+
+    def union(self, a: Hashable, b: Hashable) -> None:
+        self.parent[self.find(b)] = self.find(a)
+
+
+def _contract(units: list[Class], deps: dict[int, list[Class]], root_ids: set[int]) -> dict[int, int]:
+    """Union generated roots of one shape and device where one loads the other and no other path joins them
+    (so the merged kernel computes both, sharing the work). Returns id(class) -> unit id."""
+    sets = UnionFind(id(c) for c in units)
+    parent, find = sets.parent, sets.find
 
     def users() -> dict[int, set[int]]:
         out: dict[int, set[int]] = {}
@@ -249,7 +262,7 @@ def _contract(units: list[Class], deps: dict[int, list[Class]], root_ids: set[in
                 seen.add(u)
                 stack.extend(fwd.get(u, ()))
             if not cyclic:
-                parent[b] = a
+                sets.union(a, b)
     return {i: find(i) for i in parent}
 
 
@@ -257,21 +270,13 @@ def _share_groups(units: list[list[Class]], reads: dict[int, list[Class]]) -> li
     """Merge units (of one depth, device and shape) that read a common stored class: one kernel then loads it
     once. Units sharing nothing stay apart (merging them saves a launch but costs parallelism, e.g. one
     kernel computing many unrelated full reductions one after another)."""
-    parent = list(range(len(units)))
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
+    sets = UnionFind(range(len(units)))
     first_reader: dict[int, int] = {}
     for i, ms in enumerate(units):
         for c in ms:
             for d in reads[id(c)]:
-                j = first_reader.setdefault(id(d), i)
-                parent[find(i)] = find(j)
+                sets.union(first_reader.setdefault(id(d), i), i)
     out: dict[int, list[Class]] = {}
     for i, ms in enumerate(units):
-        out.setdefault(find(i), []).extend(ms)
+        out.setdefault(sets.find(i), []).extend(ms)
     return list(out.values())

@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 
 from zyx import dtypes
-from zyx.graph.node import Class, Op
+from zyx.graph.node import Class, Op, contiguous_strides
 from zyx.kernel import ir
 from zyx.kernel.ir import Expr, Ops
 from zyx.kernel.linearize import Block, Reduce, linearize
@@ -29,18 +29,10 @@ _HALFS = (dtypes.float16, dtypes.bfloat16)
 REDUCE_IR = {"add": Ops.ADD, "mul": Ops.MUL, "max": Ops.MAX, "min": Ops.MIN, "or": Ops.OR, "and": Ops.AND}
 
 
-def strides(shape: Sequence[int]) -> tuple[int, ...]:
-    out, acc = [], 1
-    for s in reversed(shape):
-        out.append(acc if s != 1 else 0)
-        acc *= s
-    return tuple(reversed(out))
-
-
 def ravel(idx: Sequence[Expr], shape: Sequence[int]) -> Expr:
     flat = ir.const(0, ir.index_dtype)
-    for i, st in zip(idx, strides(shape)):
-        if st:
+    for i, n, st in zip(idx, shape, contiguous_strides(tuple(shape))):
+        if n != 1:  # a size-1 axis is only ever indexed by 0
             flat = flat + i * st
     return flat
 

@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from zyx.dtypes import DType
-from zyx.graph.node import Class, Op
+from zyx.graph.node import Class, Op, contiguous_strides
 
 
 @dataclass(frozen=True)
@@ -28,14 +28,6 @@ class View:
     strides: tuple[int, ...]
     offset: int
     cast: DType | None = None
-
-
-def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    out, acc = [], 1
-    for s in reversed(shape):
-        out.append(acc)
-        acc *= s
-    return tuple(reversed(out))
 
 
 def _reshape_strides(old_shape, old_strides, new_shape) -> tuple[int, ...] | None:

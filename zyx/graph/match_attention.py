@@ -28,8 +28,8 @@ import math
 from dataclasses import dataclass
 
 from zyx.dtypes import DType
-from zyx.graph.match import View, contiguous_strides, match_matmul, view_of
-from zyx.graph.node import Class, Op
+from zyx.graph.match import View, match_matmul, view_of
+from zyx.graph.node import Class, Op, contiguous_strides
 
 _MOVES = (Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.SHRINK)
 

@@ -131,6 +131,15 @@ class LibraryKernel:
     layout: object = None  # device-specific data (strides, transposition flags)
 
 
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major element strides of ``shape`` (the last axis 1)."""
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= s
+    return tuple(reversed(out))
+
+
 class Node:
     __slots__ = ("op", "srcs", "arg")
 

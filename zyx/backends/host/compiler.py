@@ -17,15 +17,11 @@ from functools import cached_property
 from pathlib import Path
 
 from zyx.backends.base import BackendError, ErrorStatus
+from zyx.utils import cache_dir
 
 # -ffp-contract=off: a * b + c rounds twice, as NumPy computes it (reductions use fma explicitly)
 BASE_FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-std=gnu11", "-fwrapv", "-fno-math-errno",
               "-fno-strict-aliasing", "-ffp-contract=off")
-
-
-def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "zyx"
 
 
 class CCompiler:

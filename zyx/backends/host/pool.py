@@ -26,14 +26,24 @@ def _available_memory() -> int:
     return 1 << 34
 
 
+class _Block:
+    """One allocation: the raw array, its ``ALIGN``-aligned view of ``size`` bytes and that view's address."""
+
+    __slots__ = ("raw", "view", "address", "size")
+
+    def __init__(self, raw: np.ndarray, view: np.ndarray, address: int) -> None:
+        self.raw, self.view, self.address, self.size = raw, view, address, view.nbytes
+
+
 class HostPool(Pool):
     name = "host"
 
     def __init__(self, cache_limit: int = 1 << 30) -> None:
         self._lock = threading.Lock()
-        self._bufs: dict[int, list] = {}  # id -> [raw array (None: wrapped), aligned view, refcount, on_release]
+        # id -> [block (None: wrapped memory), the buffer's bytes (a uint8 array of nbytes), refcount, on_release]
+        self._bufs: dict[int, list] = {}
         self._addresses: dict[int, int] = {}  # id -> address of its first byte (``.ctypes.data`` costs ~1 us)
-        self._cache: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+        self._cache: dict[int, list[_Block]] = {}  # size -> freed blocks of that size
         self._cached_bytes = 0
         self._next = 1
         self.cache_limit = cache_limit
@@ -43,17 +53,17 @@ class HostPool(Pool):
         with self._lock:
             blocks = self._cache.get(size)
             if blocks:
-                raw, view = blocks.pop()
+                block = blocks.pop()
                 self._cached_bytes -= size
             else:
-                raw, view = self._fresh(size)
+                block = self._fresh(size)
             bid = self._next
             self._next += 1
-            self._bufs[bid] = [raw, view[:nbytes], 1]
-            self._addresses[bid] = view.ctypes.data
+            self._bufs[bid] = [block, block.view if nbytes == size else block.view[:nbytes], 1]
+            self._addresses[bid] = block.address
             return bid
 
-    def _fresh(self, size: int) -> tuple[np.ndarray, np.ndarray]:
+    def _fresh(self, size: int) -> _Block:
         try:
             raw = np.empty(size + ALIGN, np.uint8)
         except MemoryError:
@@ -65,7 +75,8 @@ class HostPool(Pool):
                 raise BackendError(ErrorStatus.ALLOCATION, f"out of host memory: asked {size} bytes, "
                                    f"{_available_memory()} available") from None
         off = (-raw.ctypes.data) % ALIGN
-        return raw, raw[off:off + size]
+        view = raw[off:off + size]
+        return _Block(raw, view, view.ctypes.data)
 
     def wrap(self, memory: np.ndarray, on_release=None) -> BufferId:
         """A buffer over memory this pool does not own (e.g. a mapped file), read-only by contract;
@@ -105,21 +116,24 @@ class HostPool(Pool):
                 return
             del self._bufs[buffer]
             del self._addresses[buffer]
-            raw = b[0]
-            if raw is None:
+            block = b[0]
+            if block is None:
                 on_release = b[3] if len(b) > 3 else None
             else:
                 on_release = None
-                self._cache_block(raw)
+                self._cache_block(block)
         if on_release is not None:  # wrapped memory: hand it back to its owner
             on_release()
 
-    def _cache_block(self, raw: np.ndarray) -> None:
-        """(under the lock) Keep a freed block for reuse while the cache has room."""
-        size = raw.nbytes - ALIGN
+    def _cache_block(self, block: _Block) -> None:
+        """(under the lock) Keep a freed block for reuse while the cache has room. No NumPy call: a release
+        right after a large kernel runs with cold caches, where every extra object touched costs."""
+        size = block.size
         if self._cached_bytes + size <= self.cache_limit:
-            off = (-raw.ctypes.data) % ALIGN
-            self._cache.setdefault(size, []).append((raw, raw[off:off + size]))
+            blocks = self._cache.get(size)
+            if blocks is None:
+                blocks = self._cache[size] = []
+            blocks.append(block)
             self._cached_bytes += size
 
     def nbytes(self, buffer: BufferId) -> int:
