@@ -62,6 +62,24 @@ def host_without_blas():
         schedule.clear_cache()
 
 
+@contextlib.contextmanager
+def passes_off(*names: str):
+    """Within the block the named host passes (``zyx.kernel.opt.DISABLED``) are off; fresh schedules on both
+    sides (cached plans hold the programs compiled with the passes on)."""
+    from zyx.graph import schedule
+    from zyx.kernel import opt
+
+    old = set(opt.DISABLED)
+    opt.DISABLED.update(names)
+    schedule.clear_cache()
+    try:
+        yield
+    finally:
+        opt.DISABLED.clear()
+        opt.DISABLED.update(old)
+        schedule.clear_cache()
+
+
 def kernels_of(*tensors: zyx.Tensor) -> list:
     """The kernel IRs the host compiles to realize ``tensors`` (with the schedule cache cleared first)."""
     from zyx import utils

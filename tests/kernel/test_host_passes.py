@@ -10,7 +10,6 @@ import math
 import os
 import sys
 import warnings
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -19,32 +18,18 @@ import pytest
 import zyx
 from zyx import dtypes, utils
 from zyx.backends.base import DeviceInfo
-from zyx.graph import schedule
 from zyx.kernel import ir, opt
 from zyx.kernel.ir import Kernel, Ops, Param, Store
 from zyx.kernel.render import CRenderer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from conftest import passes_off  # noqa: E402
 from fuzz_programs import compare, programs, run_zyx  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-PASSES = ("column_block", "block_vector_reduce", "stash_row_values", "split_divmod_loops")
+PASSES = ("column_block", "block_vector_reduce", "stash_row_values", "split_divmod_loops", "unroll_reduce")
 HOST2 = DeviceInfo("host", "host", compute_units=2)
-
-
-@contextmanager
-def passes_off(*names: str):
-    """Run the block with the named host passes disabled (and a fresh schedule cache on both sides)."""
-    old = set(opt.DISABLED)
-    opt.DISABLED.update(names)
-    schedule.clear_cache()
-    try:
-        yield
-    finally:
-        opt.DISABLED.clear()
-        opt.DISABLED.update(old)
-        schedule.clear_cache()
 
 
 def _run(fn, off: tuple[str, ...] = ()) -> list[np.ndarray]:
@@ -103,7 +88,9 @@ def test_matmul_keeps_its_tile():
     red = ir.reduce(Ops.ADD, ir.alu(Ops.MUL, a, b), (r,))
     k = Kernel("k", (Param("p0", dtypes.float32, "out", 64 * 256), Param("p1", dtypes.float32, "in", 64 * 64),
                      Param("p2", dtypes.float32, "in", 64 * 256)), (i, j), (Store(0, i * 256 + j, red),))
-    assert opt.optimize(k, HOST2).meta["vector_acc"].arg[1] == 64  # a[i, r] does not walk j
+    with passes_off("gemm"):  # the interchanged path (large enough contractions take ``opt.tile_gemm``)
+        assert opt.optimize(k, HOST2).meta["vector_acc"].arg[1] == 64  # a[i, r] does not walk j
+    assert "gemm" in opt.optimize(k, HOST2).meta
 
 
 def test_max_columns_are_not_blocked():
@@ -264,6 +251,9 @@ def eager_passes(monkeypatch):
     monkeypatch.setattr(opt, "STASH_MIN_COST", 1)
     monkeypatch.setattr(opt, "STASH_TOTAL_BYTES", 1 << 9)  # forces the size limit to matter too
     monkeypatch.setattr(opt, "SPLIT_MIN_INNER", 2)
+    monkeypatch.setattr(opt, "WIDE_ACC_MIN", 8)  # long-sum blocks (and their lanes) on short rows
+    monkeypatch.setattr(opt, "REDUCE_LANES", 4)
+    monkeypatch.setattr(CRenderer, "sum_block", 8)
 
 
 def _agree(a: np.ndarray, b: np.ndarray, what: str) -> None:
@@ -361,8 +351,36 @@ def test_random_programs_reach_the_passes(eager_passes):
     ko = [opt.optimize(k, HOST2) for k in ks]
     assert any("vector_block" in k.meta for k in ko)
     assert any(Ops.STASH in _ops(k) for k in ko)
+    assert any("reduce_lanes" in k.meta for k in ko)
 
 
 def test_pass_names_are_known():
-    assert set(PASSES) <= {"column_block", "block_vector_reduce", "stash_row_values", "split_divmod_loops"}
+    assert set(PASSES) <= {"column_block", "block_vector_reduce", "stash_row_values", "split_divmod_loops",
+                           "unroll_reduce"}
     assert math.isfinite(opt.STASH_MAX_BYTES)
+
+
+# ---- reduce lanes ----------------------------------------------------------------------------------------------
+
+def test_long_row_sums_keep_independent_lanes():
+    """A long float32 row sum adds its blocks in ``REDUCE_LANES`` partial sums; lengths the lanes do not tile keep
+    one partial; values match NumPy's float64 sums either way, and the pass off."""
+    rng = np.random.default_rng(7)
+    kernels = {}
+    for cols in (4096, 4100):
+        x = rng.standard_normal((8, cols)).astype(np.float32)
+        X = zyx.Tensor(x).realize()
+        (k,) = _kernels(lambda X=X: X.sum(1).numpy())
+        kernels[cols] = k
+        ko = opt.optimize(k, HOST2)
+        assert ko.meta["reduce_lanes"] == opt.REDUCE_LANES
+        src = CRenderer().render(ko)
+        assert ("_b_t[64]" in src) == (cols % 64 == 0)
+        on, off = _run(lambda X=X: X.sum(1).numpy())[0], _run(lambda X=X: X.sum(1).numpy(), ("unroll_reduce",))[0]
+        ref = x.astype(np.float64).sum(1)
+        np.testing.assert_allclose(on, ref, rtol=1e-6, atol=1e-5)
+        np.testing.assert_allclose(off, ref, rtol=1e-6, atol=1e-5)
+    for lanes in (1, 16, 128):  # the search space's other values
+        for cols, k in kernels.items():
+            src = CRenderer().render(opt.optimize(k, HOST2, {"reduce_lanes": lanes}))
+            assert (f"_b_t[{lanes}]" in src) == (lanes > 1 and cols % lanes == 0 and 256 % lanes == 0)

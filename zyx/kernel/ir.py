@@ -246,6 +246,26 @@ def load(param: int, dtype: DType, index: Expr, gate: Expr | None = None) -> Exp
 # integer index arithmetic with bounds-based simplification
 
 
+def affine_coefficient(e: Expr, r: Expr) -> int | None:
+    """The coefficient of range ``r`` in the integer index ``e`` when ``e`` is affine in ``r`` (0 when ``e`` does
+    not depend on it), else None (``r`` under a division, a modulo, a product of ranges...)."""
+    if r not in e.ranges:
+        return 0
+    if e is r:
+        return 1
+    if e.op is Ops.ADD:
+        a, b = affine_coefficient(e.srcs[0], r), affine_coefficient(e.srcs[1], r)
+        return None if a is None or b is None else a + b
+    if e.op is Ops.MUL:
+        x, y = e.srcs
+        if y.op is Ops.CONST:
+            x, y = y, x
+        if x.op is Ops.CONST and e.dtype.is_int:
+            c = affine_coefficient(y, r)
+            return None if c is None else c * x.arg
+    return None
+
+
 def _linear(e: Expr) -> tuple[dict[Expr, int], int]:
     """Decompose an integer expression into sum(coef * atom) + constant."""
     if e.op is Ops.CONST:

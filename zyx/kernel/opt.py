@@ -12,18 +12,28 @@
 - ``interchange_reduce``: a reduce whose loads walk the innermost output axis runs that axis inside it, one
   accumulator per column of a tile; a column sum takes tiles as wide as the compute units allow.
 - ``block_vector_reduce``: such a column sum accumulates blocks of rows in register tiles (``meta["vector_block"]``).
+- ``tile_gemm``: a contraction (matmul, batched, any operand layout) runs as packed column panels of its right
+  operand and MR x NR register tiles of accumulators (``meta["gemm"]``, rendered by ``CRenderer``); disabled by
+  name ``"gemm"``.
+- ``unroll_reduce``: a long float32 sum keeps several independent partial sums per block (``meta["reduce_lanes"]``).
 - ``stash_row_values``: a row value that a reduce computes and a later loop over the same row recomputes is
   written to a local array once (``STASH``) and read back (``LOCAL``): softmax's exp, LayerNorm's residual add.
 
 ``DISABLED`` switches the optional host passes off by name (tests compare outputs with them on and off).
+``optimize(k, info, params)`` takes the passes' tunable parameters by name (``search_space`` lists them with
+their candidate values); a missing name takes the heuristic's choice, so ``params=None`` is the default pipeline
+and every candidate computes the same values (only speed differs).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
+from zyx import dtypes
 from zyx.kernel import ir
+from zyx.kernel.contraction import Contraction, find_contraction
 from zyx.kernel.ir import Expr, Kernel, Ops, Store
 from zyx.kernel.target import DeviceInfo
 
@@ -124,11 +134,6 @@ def _every_range(k: Kernel) -> list[Expr]:
     return out
 
 
-def _coefficient(index: Expr, r: Expr) -> int:
-    terms, _ = ir._linear(index)
-    return sum(v for a, v in terms.items() if a is r)
-
-
 COLUMN_BLOCKS = (2048, 1024, 512, 256, 128, 64)  # column-block widths tried for a column reduce, widest first
 
 
@@ -148,12 +153,14 @@ def _column_block(k: Kernel, red: Expr, j: Expr, units: int) -> int | None:
     return fits[-1] if fits else None
 
 
-def interchange_reduce(k: Kernel, units: int = 1, column_blocks: bool = True) -> Kernel:
+def interchange_reduce(k: Kernel, units: int = 1, column_blocks: bool = True, tile: int | None = None,
+                       column_block: int | None = None) -> Kernel:
     """Put the innermost output loop inside a reduce that depends on it, when the reduce's loads walk that
     output axis contiguously but its own axis with a stride (matmul, column sums): the reduce keeps one
     accumulator per output element of a tile (``meta["vector_acc"]``) and the tile loop vectorizes. A column
     sum (every load walks the output axis) takes column blocks as wide as ``units`` compute units allow
-    (``_column_block``), which ``block_vector_reduce`` then cuts into register tiles."""
+    (``_column_block``), which ``block_vector_reduce`` then cuts into register tiles. ``tile`` / ``column_block``
+    override the heuristic widths when they divide the axis."""
     if not k.loops or k.split_reduce or k.scan_ranges():
         return k
     j = k.loops[-1]
@@ -162,13 +169,17 @@ def interchange_reduce(k: Kernel, units: int = 1, column_blocks: bool = True) ->
         return k
     red = reds[0]
     loads = [e for e in ir.toposort([red.srcs[0]]) if e.op is Ops.LOAD]
-    gain = any(_coefficient(x.srcs[0], j) == 1 and any(abs(_coefficient(x.srcs[0], r)) > 1 for r in red.arg[1])
-               for x in loads)
+    coef = ir.affine_coefficient
+    gain = any(coef(x.srcs[0], j) == 1 and any(abs(coef(x.srcs[0], r) or 0) > 1 for r in red.arg[1]) for x in loads)
     if not gain:
         return k
     size = j.arg[1]
-    tile = (column_blocks and _column_block(k, red, j, units)) or \
-        next((t for t in (64, 32, 16, 8) if size % t == 0), size if size <= 64 else None)
+    col = column_blocks and _column_block(k, red, j, units)
+    if col and column_block and size % column_block == 0:
+        col = column_block
+    if tile is None or size % tile:
+        tile = next((t for t in INTERCHANGE_TILES if size % t == 0), size if size <= 64 else None)
+    tile = col or tile
     if tile is None:
         return k
     next_id = max(r.arg[0] for r in _every_range(k)) + 1
@@ -177,11 +188,12 @@ def interchange_reduce(k: Kernel, units: int = 1, column_blocks: bool = True) ->
     return replace(drop_unit_loops(k2), vector=True, meta={**k.meta, "vector_acc": jj})
 
 
+INTERCHANGE_TILES = (64, 32, 16, 8)  # accumulator tile widths of an interchanged reduce, widest first
 VECTOR_TILE = 64  # accumulators of one register tile (4 AVX-512 / 8 AVX registers of float32)
 ROW_BLOCK = 8  # reduce iterations accumulated in a register tile before it is added into the block's sums
 
 
-def block_vector_reduce(k: Kernel) -> Kernel:
+def block_vector_reduce(k: Kernel, row_block: int | None = None, vector_tile: int | None = None) -> Kernel:
     """Register-tile a vectorized column sum (``meta["vector_acc"]``): the reduce loop runs in blocks of
     ``ROW_BLOCK`` iterations; in a block, each ``VECTOR_TILE`` columns accumulate into a tile of partial sums
     (kept in registers), which is then added into the column's accumulator (``meta["vector_block"]`` =
@@ -189,14 +201,15 @@ def block_vector_reduce(k: Kernel) -> Kernel:
     accumulators the partials are float32 and the block sums float64, as in long row sums. Only single-range
     ``ADD`` reduces whose tile divides into ``VECTOR_TILE`` columns are blocked, and only when the tile is wider
     than a register tile or accumulates in float64 (a matmul's float32 tile already is a register tile)."""
+    rb, vt = row_block or ROW_BLOCK, vector_tile or VECTOR_TILE
     vec = k.meta.get("vector_acc")
-    if vec is None or vec.arg[1] % VECTOR_TILE or (vec.arg[1] == VECTOR_TILE and not k.wide_acc):
+    if vec is None or vec.arg[1] % vt or (vec.arg[1] == vt and not k.wide_acc):
         return k
     reds = [e for e in k.reduces() if vec in e.ranges]
     if len(reds) != 1 or reds[0].arg[0] is not Ops.ADD or len(reds[0].arg[1]) != 1 or \
-            reds[0].arg[1][0].arg[1] < 2 * ROW_BLOCK:
+            reds[0].arg[1][0].arg[1] < 2 * rb:
         return k
-    return replace(k, meta={**k.meta, "vector_block": (ROW_BLOCK, VECTOR_TILE)})
+    return replace(k, meta={**k.meta, "vector_block": (rb, vt)})
 
 
 def work(k: Kernel) -> int:
@@ -205,7 +218,10 @@ def work(k: Kernel) -> int:
     return k.size * red
 
 
-def parallelize(k: Kernel, info: DeviceInfo) -> Kernel:
+def parallelize(k: Kernel, info: DeviceInfo, collapse: int | None = None) -> Kernel:
+    """Run the outer loop in parallel (``parallel`` = 1), or the outer two collapsed (2) when the outer loop is
+    short; ``collapse`` = 1 or 2 overrides that choice where collapsing is legal. A lone root reduce of enough work
+    splits across the units instead."""
     if info.compute_units <= 1:
         return k
     w = work(k)
@@ -222,8 +238,9 @@ def parallelize(k: Kernel, info: DeviceInfo) -> Kernel:
     outer = k.loops[0].arg[1]
     # collapse a short outer loop with the next one so every compute unit gets work
     vec = k.meta.get("vector_acc")  # its reduce runs in the loop above the tile loop: no collapse across it
-    if outer < 4 * info.compute_units and len(k.loops) > 1 and not _reduce_depends_between(k) and \
-            k.loops[1] not in scans and not (vec is not None and vec is k.loops[1]):
+    legal = len(k.loops) > 1 and not _reduce_depends_between(k) and k.loops[1] not in scans and \
+        not (vec is not None and vec is k.loops[1])
+    if legal and (collapse == 2 or (collapse is None and outer < 4 * info.compute_units)):
         n = 2
     return replace(k, parallel=n)
 
@@ -256,6 +273,20 @@ def widen_accumulators(k: Kernel) -> Kernel:
         if e.arg[0] is Ops.ADD and e.dtype.is_float and math.prod(r.arg[1] for r in e.arg[1]) >= WIDE_ACC_MIN:
             return replace(k, wide_acc=True)
     return k
+
+
+REDUCE_LANES = 64  # independent float32 partial sums of a long row sum: 4 AVX-512 (8 AVX) registers of adds
+
+
+def unroll_reduce(k: Kernel, lanes: int | None = None) -> Kernel:
+    """A long float32 sum accumulated in float64 (``wide_acc``; float32 partials over blocks of the reduce) keeps
+    ``lanes`` partial sums per block instead of one (``meta["reduce_lanes"]``, rendered by ``CRenderer`` where
+    the lanes tile every block; elsewhere one partial), so consecutive adds do not wait on each other: a row sum
+    then runs at memory speed. Sums reassociate within a block, as they already do across SIMD lanes."""
+    lanes = REDUCE_LANES if lanes is None else lanes
+    if not k.wide_acc or lanes <= 1 or k.split_reduce or "reduce_lanes" in k.meta:
+        return k
+    return replace(k, meta={**k.meta, "reduce_lanes": lanes})
 
 
 STASH_MIN_COST = 3  # loads + ALU ops (a transcendental counts 8) a recomputed row value must cost to be stashed
@@ -392,12 +423,146 @@ def split_segments(k: Kernel) -> list[Kernel]:
     return parts
 
 
-DISABLED: set[str] = set()  # names of optional host passes switched off (tests compare outputs with and without)
+# ---- register-tiled contractions (host) ----------------------------------------------------------------------
+
+GEMM_MIN_WORK = 1 << 18  # multiply-adds below which a contraction keeps the interchanged path
+GEMM_VECTOR_BYTES = 64  # the tiles are sized for AVX-512 (32 vector registers); AVX2 hosts spill (autotune)
+GEMM_PANEL_BYTES = 1 << 20  # a packed panel of the right operand (kc x nc) fits in half a 2 MiB L2
+GEMM_KC = 512  # k block of a panel when k is longer than GEMM_KC_MAX (a direct store accumulates the blocks)
+GEMM_KC_MAX = 1024
+GEMM_PARTIAL = 256  # wide accumulators: float32 partial sums over this many k, added into float64 ones
+GEMM_MR = (4, 6, 8, 12)  # candidate register-tile rows
+GEMM_NR = (1, 2, 3, 4)  # candidate register-tile widths, in vectors
+GEMM_NC = (64, 128, 256, 512)
+GEMM_KCS = (128, 256, 512, 1024)
 
 
-def optimize(k: Kernel, info: DeviceInfo) -> Kernel:
+@dataclass(frozen=True)
+class GemmTile:
+    """The host plan of a contraction ``c`` whose output loops ``c.m``, ``c.n`` are the kernel's innermost two
+    (the loops before them are batch loops, run one after the other).
+
+    Per batch index and column panel of ``nc`` columns (``nc`` a multiple of ``nr``), per k block of ``kc``: the
+    threads pack ``c.b`` into a shared buffer of ``nr``-wide micro-panels (columns past the end are 0), then
+    split the ``mr`` x ``nr`` tiles of the panel; a tile accumulates ``c.a`` (evaluated in place, rows past the
+    end clamped to the last row and discarded) times the micro-panel in a local array that the C compiler keeps
+    in vector registers. ``kc`` < k only when ``direct`` (the one store writes the reduce itself, in its dtype,
+    not widened): the blocks then add into the output. ``partial`` > 0 (wide float32 accumulators): the tile sums
+    ``partial`` k in float32, then adds them into a float64 tile. Sums reassociate; products are the same."""
+
+    c: Contraction
+    mr: int
+    nr: int
+    nc: int
+    kc: int
+    partial: int
+    direct: bool
+
+
+def _gemm_dtype_ok(d) -> bool:
+    return d in (dtypes.float32, dtypes.float64) or (d.is_int and d.itemsize >= 4)
+
+
+def gemm_contraction(k: Kernel) -> Contraction | None:
+    """The contraction ``tile_gemm`` can tile: its output loops are the kernel's innermost two, its dtype is
+    float32, float64 or a 32/64-bit integer, and it is large enough to pay for packing."""
+    if k.then or len(k.loops) < 2 or k.parallel or "vector_acc" in k.meta or "gemm" in k.meta:
+        return None
+    c = find_contraction(k)
+    if c is None or c.m is not k.loops[-2] or c.n is not k.loops[-1] or not _gemm_dtype_ok(c.red.dtype):
+        return None
+    m, n, kk = c.m.arg[1], c.n.arg[1], c.k.arg[1]
+    if m < 2 or n < 8 or kk < 4 or math.prod(r.arg[1] for r in k.loops) * kk < GEMM_MIN_WORK:
+        return None
+    return c
+
+
+def _gemm_direct(k: Kernel, c: Contraction) -> bool:
+    """One store, whose value is the reduce itself into a param of the reduce's dtype."""
+    return len(k.stores) == 1 and k.stores[0].value is c.red and k.params[k.stores[0].param].dtype is c.red.dtype
+
+
+def _gemm_defaults(k: Kernel, c: Contraction) -> dict[str, int]:
+    """The heuristic tile: 24 accumulator vectors (mr x nr), panels of ``GEMM_PANEL_BYTES``."""
+    lanes = GEMM_VECTOR_BYTES // c.red.dtype.itemsize
+    n, kk = c.n.arg[1], c.k.arg[1]
+    vecs = 4 if n >= 4 * lanes else 2 if n >= 2 * lanes else 1
+    mr = {4: 6, 2: 12, 1: 12}[vecs]
+    kc = kk if kk <= GEMM_KC_MAX else GEMM_KC
+    depth = kc if _gemm_direct(k, c) and not _gemm_wide(k, c) else kk
+    nr = vecs * lanes
+    nc = max(nr, GEMM_PANEL_BYTES // (depth * c.red.dtype.itemsize) // nr * nr)
+    nc = min(nc, -(-n // nr) * nr)
+    return {"gemm_mr": mr, "gemm_nr": nr, "gemm_nc": nc, "gemm_kc": kc}
+
+
+def _gemm_wide(k: Kernel, c: Contraction) -> bool:
+    return k.wide_acc and c.red.dtype is dtypes.float32
+
+
+def gemm_search_space(k: Kernel) -> dict[str, tuple[int, ...]]:
+    """``tile_gemm``'s parameters for ``k`` (heuristic's value first); empty when it does not apply."""
+    k = merge_loops(drop_unit_loops(k))
+    c = gemm_contraction(k)
+    if c is None:
+        return {}
+    d = _gemm_defaults(widen_accumulators(k), c)
+    lanes = GEMM_VECTOR_BYTES // c.red.dtype.itemsize
+
+    def first(v: int, cands) -> tuple[int, ...]:
+        return (v, *(x for x in cands if x != v))
+
+    return {"gemm_mr": first(d["gemm_mr"], GEMM_MR), "gemm_nr": first(d["gemm_nr"], [v * lanes for v in GEMM_NR]),
+            "gemm_nc": first(d["gemm_nc"], GEMM_NC), "gemm_kc": first(d["gemm_kc"], GEMM_KCS)}
+
+
+def tile_gemm(k: Kernel, params: Params | None = None) -> Kernel:
+    """Mark a contraction (``gemm_contraction``) for register tiling (``GemmTile`` in ``meta["gemm"]``); ``params``
+    ``gemm_mr`` / ``gemm_nr`` / ``gemm_nc`` / ``gemm_kc`` override the heuristic (any positive values compute the
+    same result; ``nc`` is rounded to a multiple of ``nr``). Other kernels are returned unchanged. Call it after
+    ``widen_accumulators`` (the plan depends on ``wide_acc``)."""
+    c = gemm_contraction(k)
+    if c is None:
+        return k
+    p = {**_gemm_defaults(k, c), **{x: v for x, v in (params or {}).items() if x.startswith("gemm_") and v}}
+    mr, nr = max(1, int(p["gemm_mr"])), max(1, int(p["gemm_nr"]))
+    kk, wide = c.k.arg[1], _gemm_wide(k, c)
+    kc = max(1, min(int(p["gemm_kc"]), kk))
+    direct = _gemm_direct(k, c) and not wide
+    partial = min(kc if kc < kk else GEMM_PARTIAL, kk) if wide else 0
+    if not direct:
+        kc = kk
+    nc = max(nr, int(p["gemm_nc"]) // nr * nr)
+    nc = min(nc, -(-c.n.arg[1] // nr) * nr)
+    return replace(k, parallel=0, vector=False, meta={**k.meta, "gemm": GemmTile(c, mr, nr, nc, kc, partial, direct)})
+
+
+DISABLED: set[str] = set()  # names of optional host passes switched off (tests compare outputs with and without):
+# "gemm", "column_block", "block_vector_reduce", "stash_row_values", "split_divmod_loops", "unroll_reduce"
+
+
+Params = Mapping[str, int]
+
+
+def search_space(k: Kernel, info: DeviceInfo) -> dict[str, tuple[int, ...]]:
+    """The host passes' tunable parameters and the values worth timing for ``k`` (a superset: a value a pass
+    cannot use leaves the kernel as the heuristic makes it, and the search skips candidates rendering the same
+    source). Empty for non-host targets (``kernel.gpu.search_space`` covers those)."""
+    if info.kind != "host":
+        return {}
+    space = {"interchange_tile": INTERCHANGE_TILES, "column_block": COLUMN_BLOCKS,
+             "row_block": (4, 8, 16), "vector_tile": (32, 64, 128), "collapse": (1, 2), "stash": (0, 1),
+             "reduce_lanes": (REDUCE_LANES, 1, 16, 32, 128)}
+    if "gemm" not in DISABLED:
+        space.update(gemm_search_space(k))
+    return space
+
+
+def optimize(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Kernel:
     """The host pipeline (GPU targets only normalize loops; ``kernel.gpu`` does the rest). Passes named in
-    ``DISABLED`` (``"column_block"``, ``"block_vector_reduce"``, ...) are skipped."""
+    ``DISABLED`` (``"gemm"``, ``"column_block"``, ``"block_vector_reduce"``, ...) are skipped; ``params`` (names from
+    ``search_space``) override the heuristics' choices."""
+    p = params or {}
     k = drop_unit_loops(k)
     if info.kind != "host":
         return merge_loops(k)
@@ -407,13 +572,21 @@ def optimize(k: Kernel, info: DeviceInfo) -> Kernel:
         part = merge_loops(drop_unit_loops(part))
         if "split_divmod_loops" not in DISABLED:
             part = split_divmod_loops(part)
-        part = interchange_reduce(part, units, column_blocks="column_block" not in DISABLED)
-        part = parallelize(part, info)
+        if "gemm" not in DISABLED:
+            tiled = tile_gemm(widen_accumulators(part), p)
+            if "gemm" in tiled.meta:
+                parts.append(tiled)
+                continue
+        part = interchange_reduce(part, units, column_blocks="column_block" not in DISABLED,
+                                  tile=p.get("interchange_tile"), column_block=p.get("column_block"))
+        part = parallelize(part, info, p.get("collapse"))
         part = vectorize(part)
         part = widen_accumulators(part)
+        if "unroll_reduce" not in DISABLED:
+            part = unroll_reduce(part, p.get("reduce_lanes"))
         if "block_vector_reduce" not in DISABLED:
-            part = block_vector_reduce(part)
-        if "stash_row_values" not in DISABLED:
+            part = block_vector_reduce(part, p.get("row_block"), p.get("vector_tile"))
+        if "stash_row_values" not in DISABLED and p.get("stash", 1):
             part = stash_row_values(part)
         parts.append(part)
     return replace(parts[0], then=tuple(parts[1:]))

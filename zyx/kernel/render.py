@@ -9,6 +9,7 @@ and PyTorch compute), and are stored as 16-bit patterns. Integer division and re
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from zyx import dtypes
 from zyx.dtypes import DType
@@ -16,6 +17,9 @@ from zyx.kernel import ir
 from zyx.kernel.c_math import C_MATH_FUNCTIONS, C_MATH_PRELUDE
 from zyx.kernel.ir import Expr, Kernel, Ops, Store
 from zyx.kernel.linearize import Block, Loop, Reduce, ScanInit, linearize, walk
+
+if TYPE_CHECKING:
+    from zyx.kernel.opt import GemmTile
 
 HALFS = (dtypes.float16, dtypes.bfloat16)
 
@@ -201,6 +205,17 @@ class CStyleRenderer:
         return s
 
     # ---- statements ------------------------------------------------------------------------------------------
+    @staticmethod
+    def tracks_nan(e: Expr) -> bool:
+        """A float max/min reduce keeps an int NaN flag beside its accumulator: its comparisons skip NaNs, the flag
+        makes the result NaN (as NumPy's)."""
+        return e.arg[0] in (Ops.MAX, Ops.MIN) and e.dtype.is_float
+
+    def nan_result(self, acc: str, at: str, flag: str | None = None) -> str:
+        """A NaN-tracking reduce's value: NaN when its flag (``<acc>_nan`` unless named) is set, else ``acc``."""
+        nan_lit = self.literal(math.nan, dtypes.float64 if at == "double" else dtypes.float32)
+        return f"({flag or acc + '_nan'} ? {nan_lit} : {acc})"
+
     def identity(self, op: Ops, e: Expr, acc_t: str) -> str:
         d = e.dtype
         if op is Ops.ADD or op is Ops.OR:
@@ -339,7 +354,7 @@ class CRenderer(CStyleRenderer):
             acc = fresh("acc")
             at = self.acc_type(e, k)
             ident = self.identity(op, e, at)
-            nan = op in (Ops.MAX, Ops.MIN) and e.dtype.is_float
+            nan = self.tracks_nan(e)
             # long float sums: float partial sums over blocks (vectorized), accumulated in double
             blocked = at == "double" and e.dtype is not dtypes.float64 and op is Ops.ADD and len(e.arg[1]) == 1
             lines.append(f"{ind}{at} {acc} = {ident};")
@@ -369,10 +384,7 @@ class CRenderer(CStyleRenderer):
                 lines.append(f"{ind}}}")
             else:
                 reduce_loop(red, ind, "0", str(n), acc, nan, blocked)
-            fin = acc
-            if nan:
-                fin = f"({acc}_nan ? {self.literal(math.nan, dtypes.float64 if at == 'double' else dtypes.float32)}" \
-                      f" : {acc})"
+            fin = self.nan_result(acc, at) if nan else acc
             nm = fresh("v")
             rt = self.reg_type(e.dtype)
             lines.append(f"{ind}const {rt} {nm} = ({rt})({fin});")
@@ -385,7 +397,7 @@ class CRenderer(CStyleRenderer):
             acc = fresh("acc")
             at = self.acc_type(e, k)
             n = red.vec.arg[1]
-            nan = op in (Ops.MAX, Ops.MIN) and e.dtype.is_float
+            nan = self.tracks_nan(e)
             lines.append(f"{ind}{at} {acc}[{n}];" + (f" int {acc}_nan[{n}];" if nan else ""))
             lines.append(f"{ind}for (int t = 0; t < {n}; t++) {{ {acc}[t] = {self.identity(op, e, at)};"
                          + (f" {acc}_nan[t] = 0;" if nan else "") + " }")
@@ -395,11 +407,7 @@ class CRenderer(CStyleRenderer):
             else:
                 emit_blocked_vector_loop(red, ind, acc, at)
             rt = self.reg_type(e.dtype)
-            if nan:
-                nan_lit = self.literal(math.nan, dtypes.float64 if at == "double" else dtypes.float32)
-                name[e] = f"(({rt})({acc}_nan[{r}] ? {nan_lit} : {acc}[{r}]))"
-            else:
-                name[e] = f"(({rt}){acc}[{r}])"
+            name[e] = f"(({rt}){self.nan_result(f'{acc}[{r}]', at, f'{acc}_nan[{r}]') if nan else f'{acc}[{r}]'})"
 
         def emit_blocked_vector_loop(red: Reduce, ind: str, acc: str, at: str) -> None:
             """The loops of a register-tiled column sum (``opt.block_vector_reduce``): blocks of ``rb`` reduce
@@ -443,17 +451,36 @@ class CRenderer(CStyleRenderer):
                 lines.append(f"{ind}}}")
                 return
             part = f"{acc}_b"
-            acc_name[e] = part
             float_partials.add(e)
             b = self.sum_block
-            lines.append(f"{ind}for ({self.index_type} {r}_b = {lo}; {r}_b < {hi}; {r}_b += {b}) {{")
+            it = self.index_type
+            lanes = k.meta.get("reduce_lanes", 0)
+            if lanes > 1 and not (lo.isdigit() and hi.isdigit() and (int(hi) - int(lo)) % lanes == 0 and
+                                  b % lanes == 0):
+                lanes = 0  # the lanes must tile every block exactly
+            lines.append(f"{ind}for ({it} {r}_b = {lo}; {r}_b < {hi}; {r}_b += {b}) {{")
             i2 = ind + "  "
-            lines.append(f"{i2}const {self.index_type} {r}_e = {r}_b + {b} < {hi} ? {r}_b + {b} : {hi};")
+            lines.append(f"{i2}const {it} {r}_e = {r}_b + {b} < {hi} ? {r}_b + {b} : {hi};")
             lines.append(f"{i2}float {part} = 0.0f;")
-            lines.extend(i2 + h for h in self.pragmas(loop, [("+", part)]))
-            lines.append(f"{i2}for ({self.index_type} {r} = {r}_b; {r} < {r}_e; {r}++) {{")
-            emit_block(loop.body, i2 + "  ")
-            lines.append(f"{i2}}}")
+            if lanes > 1:  # ``opt.unroll_reduce``: ``lanes`` independent partial sums, then their sum
+                acc_name[e] = f"{part}_t[{r} - {r}_o]"
+                i3 = i2 + "  "
+                lines.append(f"{i2}float {part}_t[{lanes}];")
+                lines.append(f"{i2}for (int t = 0; t < {lanes}; t++) {{ {part}_t[t] = 0.0f; }}")
+                lines.append(f"{i2}for ({it} {r}_o = {r}_b; {r}_o < {r}_e; {r}_o += {lanes}) {{")
+                lines.append(f"{i3}#pragma omp simd")
+                lines.append(f"{i3}for ({it} {r} = {r}_o; {r} < {r}_o + {lanes}; {r}++) {{")
+                emit_block(loop.body, i3 + "  ")
+                lines.append(f"{i3}}}")
+                lines.append(f"{i2}}}")
+                lines.append(f"{i2}#pragma omp simd reduction(+:{part})")
+                lines.append(f"{i2}for (int t = 0; t < {lanes}; t++) {{ {part} += {part}_t[t]; }}")
+            else:
+                acc_name[e] = part
+                lines.extend(i2 + h for h in self.pragmas(loop, [("+", part)]))
+                lines.append(f"{i2}for ({it} {r} = {r}_b; {r} < {r}_e; {r}++) {{")
+                emit_block(loop.body, i2 + "  ")
+                lines.append(f"{i2}}}")
             lines.append(f"{i2}{acc} += {part};")
             lines.append(f"{ind}}}")
 
@@ -472,17 +499,181 @@ class CRenderer(CStyleRenderer):
                 c = "const " if p.kind == "in" else ""
                 st = self.storage_type(p.dtype)
                 lines.append(f"  {c}{st} *{self.restrict} p{i} = ({c}{st}*)args[{i}];")
-        if not k.then:
+        if not k.then and "gemm" not in k.meta:
             emit_block(linearize(k), "  ")
         else:
             for part in (k, *k.then):  # one scope per segment: names never leak between them
                 name.clear()
                 acc_name.clear()
                 lines.append("  {")
-                emit_block(linearize(part), "    ")
+                if "gemm" in part.meta:
+                    lines.extend(self.render_gemm(part, part.meta["gemm"], "    "))
+                else:
+                    emit_block(linearize(part), "    ")
                 lines.append("  }")
         body = "\n".join(lines)
-        return f"{self.prelude()}\nvoid {k.name}(void **args) {{\n{body}\n}}\n"
+        attr = ""
+        if any("gemm" in part.meta for part in (k, *k.then)):
+            attr = "ZYX_GEMM_ATTR "
+        return f"{self.prelude()}\n{attr}void {k.name}(void **args) {{\n{body}\n}}\n"
+
+    def render_gemm(self, k: Kernel, g: GemmTile, ind: str) -> list[str]:
+        """The loop nest of a register-tiled contraction (``opt.GemmTile`` ``g``): inside one parallel region,
+        per batch index, column panel and k block, the threads pack ``g.c.b`` into ``zpk`` (``nr``-wide
+        micro-panels, k-major, zero past the last column), then share the ``mr`` x ``nr`` tiles; a tile
+        accumulates in ``zc`` (a local array of constant shape that gcc keeps in vector registers), then the
+        stores run per element of the tile with the reduce read from it."""
+        c = g.c
+        lines: list[str] = []
+        counter = [0]
+        it = self.index_type
+        d = c.red.dtype
+        at = self.acc_type(c.red, k)
+        pt = self.reg_type(d)  # the tile's type (float32 partials under float64 accumulators)
+        rt = self.reg_type(d)
+        m, n, kk = c.m.arg[1], c.n.arg[1], c.k.arg[1]
+        mr, nr, nc, kc = g.mr, g.nr, g.nc, g.kc
+        rm, rn, rk = (f"r{x.arg[0]}" for x in (c.m, c.n, c.k))
+
+        def values(roots: list[Expr], ind: str, name: dict[Expr, str]) -> None:
+            """Define every value of ``roots`` not yet named, sources first."""
+            order: list[Expr] = []
+            seen: set[int] = set()
+
+            def visit(e: Expr) -> None:  # sources first, never below a named value (the reduce)
+                if id(e) in seen or e in name or e.op in (Ops.CONST, Ops.RANGE):
+                    return
+                seen.add(id(e))
+                for x in e.srcs:
+                    visit(x)
+                order.append(e)
+
+            for r in roots:
+                visit(r)
+            for e in order:
+                counter[0] += 1
+                nm = f"g{counter[0]}"
+                lines.append(f"{ind}const {self.reg_type(e.dtype)} {nm} = {self.expr(e, name, k.params)};")
+                name[e] = nm
+
+        def operand(x: Expr, name: dict[Expr, str]) -> str:
+            return self.literal(x.arg, x.dtype) if x.op is Ops.CONST else name[x]
+
+        def fma(a: str, b: str, acc: str) -> str:
+            if d is dtypes.float32:
+                return f"{acc} = fmaf({a}, {b}, {acc});"
+            if d is dtypes.float64:
+                return f"{acc} = fma({a}, {b}, {acc});"
+            return f"{acc} += ({rt})({a} * {b});"
+
+        zero = self.literal(0, d)
+        pack_bytes = -(-kc * nc * d.itemsize // 64) * 64 + 64
+        lines.append(f"{ind}{rt} *zpk = ({rt}*)aligned_alloc(64, {pack_bytes}ULL);")
+        lines.append(f'{ind}if (!zpk) {{ fputs("zyx: out of memory for the {pack_bytes}-byte packing buffer of '
+                     f'kernel {k.name}\\n", stderr); abort(); }}')
+        lines.append(f"{ind}#pragma omp parallel num_threads(zyx_threads(64))")
+        lines.append(f"{ind}{{")
+        i1 = ind + "  "
+        batch = k.loops[:-2]
+        for r in batch:
+            lines.append(f"{i1}for ({it} r{r.arg[0]} = 0; r{r.arg[0]} < {r.arg[1]}; r{r.arg[0]}++) {{")
+            i1 += "  "
+        lines.append(f"{i1}for ({it} zjc = 0; zjc < {n}; zjc += {nc}) {{")
+        i2 = i1 + "  "
+        lines.append(f"{i2}const {it} znp = (({n} - zjc < {nc} ? {n} - zjc : {nc}) + {nr - 1}) / {nr};")
+        lines.append(f"{i2}for ({it} zpc = 0; zpc < {kk}; zpc += {kc}) {{")
+        i3 = i2 + "  "
+        lines.append(f"{i3}const {it} zkc = {kk} - zpc < {kc} ? {kk} - zpc : {kc};")
+        # pack the right operand: micro-panel p holds columns zjc + p*nr .. +nr, k-major
+        lines.append(f"{i3}#pragma omp for schedule(static)")
+        lines.append(f"{i3}for ({it} zp = 0; zp < znp; zp++) {{")
+        i4 = i3 + "  "
+        lines.append(f"{i4}{rt} *zb = zpk + zp * {kc * nr};")
+        lines.append(f"{i4}for ({it} zk = 0; zk < zkc; zk++) {{")
+        i5 = i4 + "  "
+        lines.append(f"{i5}const {it} {rk} = zpc + zk;")
+        lines.append(f"{i5}#pragma omp simd")
+        lines.append(f"{i5}for ({it} zj = 0; zj < {nr}; zj++) {{")
+        i6 = i5 + "  "
+        lines.append(f"{i6}const {it} zn = zjc + zp * {nr} + zj;")
+        lines.append(f"{i6}const {it} {rn} = zn < {n} ? zn : {n - 1};")
+        name: dict[Expr, str] = {}
+        values([c.b], i6, name)
+        lines.append(f"{i6}zb[zk * {nr} + zj] = zn < {n} ? {operand(c.b, name)} : {zero};")
+        lines.append(f"{i5}}}")
+        lines.append(f"{i4}}}")
+        lines.append(f"{i3}}}")
+        # the tiles of the panel, row tiles outer (a thread keeps its rows of the left operand while it sweeps)
+        nt = -(-m // mr)
+        lines.append(f"{i3}#pragma omp for schedule(static)")
+        lines.append(f"{i3}for ({it} zt = 0; zt < {nt} * znp; zt++) {{")
+        lines.append(f"{i4}const {it} zi0 = (zt / znp) * {mr}, zp = zt % znp;")
+        lines.append(f"{i4}const {rt} *zb = zpk + zp * {kc * nr};")
+        if g.partial:
+            lines.append(f"{i4}{at} zd[{mr}][{nr}];")
+            lines.append(f"{i4}for (int zi = 0; zi < {mr}; zi++) for (int zj = 0; zj < {nr}; zj++) zd[zi][zj] = 0;")
+        lines.append(f"{i4}{pt} zc[{mr}][{nr}];")
+        blk = g.partial or kc
+        inner = i4
+        if g.partial:
+            lines.append(f"{i4}for ({it} zkb = 0; zkb < zkc; zkb += {blk}) {{")
+            inner = i4 + "  "
+            lines.append(f"{inner}const {it} zke = zkb + {blk} < zkc ? zkb + {blk} : zkc;")
+            lo, hi = "zkb", "zke"
+        else:
+            lo, hi = "0", "zkc"
+        lines.append(f"{inner}for (int zi = 0; zi < {mr}; zi++) for (int zj = 0; zj < {nr}; zj++) zc[zi][zj] = {zero};")
+        lines.append(f"{inner}for ({it} zk = {lo}; zk < {hi}; zk++) {{")
+        ik = inner + "  "
+        lines.append(f"{ik}const {it} {rk} = zpc + zk;")
+        lines.append(f"{ik}const {rt} *zbk = zb + zk * {nr};")
+        for i in range(mr):  # unrolled rows: one broadcast of the left operand per row and k
+            lines.append(f"{ik}{{")
+            ir_ = ik + "  "
+            lines.append(f"{ir_}const {it} {rm} = zi0 + {i} < {m} ? zi0 + {i} : {m - 1};")
+            name = {}
+            values([c.a], ir_, name)
+            lines.append(f"{ir_}const {rt} za = {operand(c.a, name)};")
+            lines.append(f"{ir_}#pragma omp simd")
+            lines.append(f"{ir_}for (int zj = 0; zj < {nr}; zj++) {{ {fma('za', 'zbk[zj]', f'zc[{i}][zj]')} }}")
+            lines.append(f"{ik}}}")
+        lines.append(f"{inner}}}")
+        if g.partial:
+            lines.append(f"{inner}for (int zi = 0; zi < {mr}; zi++) for (int zj = 0; zj < {nr}; zj++) "
+                         f"zd[zi][zj] += zc[zi][zj];")
+            lines.append(f"{i4}}}")
+        acc = "zd" if g.partial else "zc"
+        # the stores of the tile's elements (rows and columns past the end are skipped)
+        lines.append(f"{i4}const {it} zj0 = zjc + zp * {nr};")
+        lines.append(f"{i4}const int zjn = {n} - zj0 < {nr} ? (int)({n} - zj0) : {nr};")
+        lines.append(f"{i4}for (int zi = 0; zi < {mr}; zi++) {{")
+        i5 = i4 + "  "
+        lines.append(f"{i5}const {it} {rm} = zi0 + zi;")
+        lines.append(f"{i5}if ({rm} >= {m}) break;")
+        lines.append(f"{i5}#pragma omp simd")
+        lines.append(f"{i5}for (int zj = 0; zj < zjn; zj++) {{")
+        i6 = i5 + "  "
+        lines.append(f"{i6}const {it} {rn} = zj0 + zj;")
+        name = {c.red: f"(({rt}){acc}[zi][zj])"}
+        for st in k.stores:
+            values([st.index, st.value], i6, name)
+        for st in k.stores:
+            p = k.params[st.param]
+            idx, val = operand(st.index, name), operand(st.value, name)
+            if g.direct and kc < kk:
+                val = f"(zpc == 0 ? {val} : p{st.param}[{idx}] + {val})"
+            lines.append(f"{i6}p{st.param}[{idx}] = {self.to_storage(val, p.dtype)};")
+        lines.append(f"{i5}}}")
+        lines.append(f"{i4}}}")
+        lines.append(f"{i3}}}")  # tiles
+        lines.append(f"{i2}}}")  # k blocks
+        lines.append(f"{i1}}}")  # column panels
+        for _ in batch:
+            i1 = i1[:-2]
+            lines.append(f"{i1}}}")
+        lines.append(f"{ind}}}")
+        lines.append(f"{ind}free(zpk);")
+        return lines
 
     def pragmas(self, loop: Loop, reds: list[tuple[str, str]]) -> list[str]:
         red = " ".join(f"reduction({o}:{v})" for o, v in reds)
@@ -502,6 +693,13 @@ C_PRELUDE = r"""
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include <stdlib.h>
+#include <stdio.h>
+#if defined(__AVX512F__) && defined(__GNUC__) && !defined(__clang__)
+#define ZYX_GEMM_ATTR __attribute__((target("prefer-vector-width=512")))
+#else
+#define ZYX_GEMM_ATTR
+#endif
 #ifdef _OPENMP
 #include <omp.h>
 #else

@@ -1,0 +1,252 @@
+"""The host's register-tiled contractions (``opt.tile_gemm``, rendered by ``CRenderer.render_gemm``): the plan the
+pass makes, the C it renders, and that every tile (every ``search_space`` candidate, remainders in every
+dimension, batches, transposed operands, float32/float64/int32, wide accumulators, fused epilogues) computes
+what the pass-off path and NumPy compute."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+
+import numpy as np
+import pytest
+from conftest import host_without_blas, passes_off
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import zyx
+from zyx import dtypes
+from zyx.backends.base import DeviceInfo
+from zyx.backends.registry import registry
+from zyx.kernel import ir, opt
+from zyx.kernel.contraction import find_contraction
+from zyx.kernel.ir import Kernel, Ops, Param, Store
+from zyx.kernel.render import CRenderer
+
+HOST2 = DeviceInfo("host", "host", compute_units=2)
+NP = {dtypes.float32: np.float32, dtypes.float64: np.float64, dtypes.int32: np.int32}
+
+
+def _mm_kernel(m: int, kk: int, n: int, d=dtypes.float32, ta: bool = False, tb: bool = False, batch: int = 1,
+               epilogue: bool = False) -> Kernel:
+    """out[b, i, j] = sum_r a[b, i, r] * b[b, r, j] (``ta``/``tb``: the operand is stored transposed), plus
+    ``p3[j]`` and a max with 0 when ``epilogue``."""
+    loops = ((ir.range_(9, batch),) if batch > 1 else ()) + (ir.range_(0, m), ir.range_(1, n))
+    i, j, r = loops[-2], loops[-1], ir.range_(2, kk)
+    bo = loops[0] if batch > 1 else ir.const(0, ir.index_dtype)
+    ia = bo * (m * kk) + (r * m + i if ta else i * kk + r)
+    ib = bo * (kk * n) + (j * kk + r if tb else r * n + j)
+    red = ir.reduce(Ops.ADD, ir.alu(Ops.MUL, ir.load(1, d, ia), ir.load(2, d, ib)), (r,))
+    params = [Param("p0", d, "out", batch * m * n), Param("p1", d, "in", batch * m * kk),
+              Param("p2", d, "in", batch * kk * n)]
+    val = red
+    if epilogue:
+        params.append(Param("p3", d, "in", n))
+        val = ir.alu(Ops.MAX, ir.alu(Ops.ADD, red, ir.load(3, d, j)), ir.const(0, d))
+    return Kernel("k", tuple(params), loops, (Store(0, bo * (m * n) + i * n + j, val),))
+
+
+def _inputs(m: int, kk: int, n: int, d, ta: bool, tb: bool, batch: int, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    t = NP[d]
+
+    def rand(*shape):
+        if d is dtypes.int32:
+            return rng.integers(-50, 50, shape).astype(t)
+        return rng.standard_normal(shape).astype(t)
+
+    return [rand(batch, kk, m) if ta else rand(batch, m, kk), rand(batch, n, kk) if tb else rand(batch, kk, n),
+            rand(n)]
+
+
+def _reference(xs: list[np.ndarray], ta: bool, tb: bool, epilogue: bool, d) -> np.ndarray:
+    wide = np.int64 if d is dtypes.int32 else np.float64
+    a = xs[0].astype(wide).transpose(0, 2, 1) if ta else xs[0].astype(wide)
+    b = xs[1].astype(wide).transpose(0, 2, 1) if tb else xs[1].astype(wide)
+    out = a @ b
+    if epilogue:
+        out = np.maximum(out + xs[2].astype(wide), 0)
+    return out
+
+
+_LIBS: dict[str, ctypes.CDLL] = {}
+
+
+def _host():
+    return next(dv for dv in registry().get("host").devices if dv.info().kind == "host")
+
+
+def _run_kernel(k: Kernel, xs: list[np.ndarray], params: dict | None = None,
+                off: bool = False) -> tuple[np.ndarray, Kernel]:
+    """Optimize (``"gemm"`` disabled when ``off``), render, compile and run ``k`` on ``xs``; the output and the
+    optimized kernel."""
+    with passes_off("gemm") if off else contextlib.nullcontext():
+        ko = opt.optimize(k, HOST2, params)
+    src = CRenderer().render(ko)
+    lib = _LIBS.get(src)
+    if lib is None:
+        lib = _LIBS[src] = _host().compiler.compile(src, k.name)
+    out = np.zeros(k.params[0].size, NP[k.params[0].dtype])
+    bufs = [out] + [np.ascontiguousarray(x).ravel() for x in xs[: len(k.params) - 1]]
+    args = (ctypes.c_void_p * len(bufs))(*[b.ctypes.data for b in bufs])
+    fn = getattr(lib, k.name)
+    fn.argtypes = [ctypes.c_void_p]
+    fn(args)
+    return out, ko
+
+
+def _check(out: np.ndarray, ref: np.ndarray, d, kk: int) -> None:
+    ref = ref.ravel()
+    if d is dtypes.int32:
+        np.testing.assert_array_equal(out, ref.astype(np.int32))
+    else:
+        eps = np.finfo(NP[d]).eps
+        np.testing.assert_allclose(out, ref, rtol=0, atol=8 * eps * kk ** 0.5 * (1 + np.abs(ref).max()))
+
+
+# ---- the plan and its rendering ------------------------------------------------------------------------------
+
+
+def test_256_cube_float32_gets_the_register_tile():
+    k = opt.optimize(_mm_kernel(256, 256, 256), HOST2)
+    g = k.meta["gemm"]
+    assert (g.mr, g.nr) == (6, 64) and g.kc == 256 and g.direct and not g.partial
+    assert "vector_acc" not in k.meta
+    src = CRenderer().render(k)
+    assert "float zc[6][64];" in src and "ZYX_GEMM_ATTR void" in src
+    assert src.count("zc[") >= 6 + 1 and "fmaf(za, zbk[zj]" in src
+
+
+def test_small_and_non_contractions_keep_their_paths():
+    assert "gemm" not in opt.optimize(_mm_kernel(4, 8, 8), HOST2).meta  # too little work
+    i, j = ir.range_(0, 256), ir.range_(1, 256)
+    r = ir.range_(2, 256)
+    red = ir.reduce(Ops.ADD, ir.load(1, dtypes.float32, i * 65536 + r * 256 + j), (r,))  # a column sum
+    k = Kernel("k", (Param("p0", dtypes.float32, "out", 65536), Param("p1", dtypes.float32, "in", 1 << 24)), (i, j),
+               (Store(0, i * 256 + j, red),))
+    assert find_contraction(k) is None and "gemm" not in opt.optimize(k, HOST2).meta
+    with passes_off("gemm"):
+        assert "gemm" not in opt.optimize(_mm_kernel(256, 256, 256), HOST2).meta
+
+
+def test_search_space_lists_the_tile_with_the_heuristic_first():
+    k = _mm_kernel(256, 256, 256)
+    space = opt.search_space(k, HOST2)
+    g = opt.optimize(k, HOST2).meta["gemm"]
+    assert space["gemm_mr"][0] == g.mr and space["gemm_nr"][0] == g.nr and space["gemm_kc"][0] == g.kc
+    assert space["gemm_nc"][0] == g.nc
+    assert "gemm_mr" not in opt.search_space(_mm_kernel(4, 8, 8), HOST2)
+
+
+def test_long_float32_sums_accumulate_in_float64_partials():
+    k = opt.optimize(_mm_kernel(16, 4096, 64), HOST2)
+    g = k.meta["gemm"]
+    assert k.wide_acc and g.partial and not g.direct and g.kc == 4096
+    assert "double zd[" in CRenderer().render(k)
+
+
+# ---- meaning ------------------------------------------------------------------------------------------------
+
+CASES = [  # m, k, n, dtype, a transposed, b transposed, batch, epilogue
+    (64, 64, 64, dtypes.float32, False, False, 1, False),
+    (67, 45, 131, dtypes.float32, False, False, 1, False),
+    (13, 300, 70, dtypes.float32, True, False, 1, False),
+    (50, 60, 97, dtypes.float32, False, True, 1, True),
+    (31, 64, 47, dtypes.float32, True, True, 3, False),
+    (40, 80, 45, dtypes.float64, False, False, 2, True),
+    (37, 140, 53, dtypes.int32, False, True, 1, False),
+    (9, 2100, 40, dtypes.float32, False, False, 1, False),  # wide accumulators
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}-{c[3].name}-t{int(c[4])}{int(c[5])}"
+                         f"-b{c[6]}{'-epi' if c[7] else ''}")
+def test_tiled_matches_untiled_and_numpy(case):
+    m, kk, n, d, ta, tb, batch, epi = case
+    k = _mm_kernel(m, kk, n, d, ta, tb, batch, epi)
+    xs = _inputs(m, kk, n, d, ta, tb, batch)
+    ref = _reference(xs, ta, tb, epi, d)
+    on, ko = _run_kernel(k, xs)
+    off, kf = _run_kernel(k, xs, off=True)
+    assert "gemm" in ko.meta and "gemm" not in kf.meta
+    _check(on, ref, d, kk)
+    _check(off, ref, d, kk)
+
+
+SWEEP = [(29, 70, 83, dtypes.float32, False, True, 2, False), (45, 130, 37, dtypes.float64, True, False, 1, True),
+         (20, 150, 70, dtypes.int32, False, False, 1, False)]
+
+
+@pytest.mark.parametrize("case", SWEEP, ids=lambda c: c[3].name)
+def test_every_search_space_value_computes_the_same(case, monkeypatch):
+    """One parameter at a time over its candidates (and a few odd values), the others the heuristic's."""
+    monkeypatch.setattr(opt, "GEMM_MIN_WORK", 1)
+    m, kk, n, d, ta, tb, batch, epi = case
+    k = _mm_kernel(m, kk, n, d, ta, tb, batch, epi)
+    xs = _inputs(m, kk, n, d, ta, tb, batch, seed=1)
+    ref = _reference(xs, ta, tb, epi, d)
+    space = {name: v for name, v in opt.search_space(k, HOST2).items() if name.startswith("gemm_")}
+    assert set(space) == {"gemm_mr", "gemm_nr", "gemm_nc", "gemm_kc"}
+    extra = {"gemm_mr": (1, 5), "gemm_nr": (7, 24), "gemm_nc": (1, 33), "gemm_kc": (1, 37)}
+    for name, values in space.items():
+        for v in (*values, *extra[name]):
+            out, ko = _run_kernel(k, xs, {name: v})
+            assert "gemm" in ko.meta
+            _check(out, ref, d, kk)
+
+
+# ---- end to end: the graph's matmuls on the generated path ----------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["plain", "at", "bt", "batched", "f64", "bias_relu", "prologue"])
+def test_tensor_matmuls_agree_with_gemm_off(kind):
+    rng = np.random.default_rng(3)
+    t = np.float64 if kind == "f64" else np.float32
+    a = rng.standard_normal((3, 70, 90) if kind == "batched" else (70, 90)).astype(t)
+    b = rng.standard_normal((3, 90, 130) if kind == "batched" else (90, 130)).astype(t)
+    bias = rng.standard_normal(130).astype(t)
+
+    def fn():
+        A, B = zyx.Tensor(a), zyx.Tensor(b)
+        if kind == "at":
+            return (zyx.Tensor(np.ascontiguousarray(a.T)).permute(1, 0) @ B).numpy()
+        if kind == "bt":
+            return (A @ zyx.Tensor(np.ascontiguousarray(b.T)).permute(1, 0)).numpy()
+        if kind == "bias_relu":
+            return (A @ B + zyx.Tensor(bias)).relu().numpy()
+        if kind == "prologue":
+            return ((A * 0.5 + 1.0) @ B.tanh()).numpy()
+        return (A @ B).numpy()
+
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    if kind == "bias_relu":
+        ref = np.maximum(ref + bias, 0)
+    if kind == "prologue":
+        ref = (a.astype(np.float64) * 0.5 + 1.0) @ np.tanh(b.astype(np.float64))
+    with host_without_blas():
+        on = fn()
+        with passes_off("gemm"):
+            off = fn()
+    tol = 1e-4 if t is np.float32 else 1e-10
+    np.testing.assert_allclose(on, ref, rtol=tol, atol=tol)
+    np.testing.assert_allclose(off, ref, rtol=tol, atol=tol)
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@given(m=st.integers(1, 40), kk=st.integers(1, 90), n=st.integers(1, 80), batch=st.integers(1, 3),
+       ta=st.booleans(), tb=st.booleans(), epi=st.booleans(), d=st.sampled_from(list(NP)),
+       mr=st.sampled_from(opt.GEMM_MR), vecs=st.sampled_from(opt.GEMM_NR), kc=st.integers(1, 64))
+def test_random_contractions_match_numpy(m, kk, n, batch, ta, tb, epi, d, mr, vecs, kc, monkeypatch):
+    """Random shapes (tiny ones too: the work threshold is off), layouts and tiles."""
+    monkeypatch.setattr(opt, "GEMM_MIN_WORK", 1)
+    k = _mm_kernel(m, kk, n, d, ta, tb, batch, epi)
+    xs = _inputs(m, kk, n, d, ta, tb, batch, seed=m * n + kk)
+    params = {"gemm_mr": mr, "gemm_nr": vecs * 64 // d.itemsize, "gemm_kc": kc}
+    out, ko = _run_kernel(k, xs, params)
+    assert ("gemm" in ko.meta) == (opt.gemm_contraction(opt.merge_loops(opt.drop_unit_loops(k))) is not None)
+    _check(out, _reference(xs, ta, tb, epi, d), d, kk)
+
+
+def test_fuzz_reaches_the_pass(monkeypatch):
+    monkeypatch.setattr(opt, "GEMM_MIN_WORK", 1)
+    assert "gemm" in opt.optimize(_mm_kernel(3, 5, 8), HOST2).meta
