@@ -44,6 +44,22 @@ def median_ms(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
     return statistics.median(times) * 1e3
 
 
+def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 2) -> dict[str, float]:
+    """Median ms of each function, timed in turns (one call of each per round), so that drifts of a noisy
+    machine (other processes, clock changes) fall on every function alike. For small working sets: functions
+    streaming large buffers of their own would evict each other's from the cache."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
+
+
 def _torch():
     try:
         import torch
@@ -197,6 +213,72 @@ def matmul_generated_large(args) -> Row:
     return _matmul_row(args, 1 << (args.scale // 2 + 1), generated=True)
 
 
+def _tuned(args, budget_s: float, run: Callable[[], object], repeats: int) -> tuple[float, str]:
+    """``run`` with autotuning on (``budget_s``): (median ms after the first run, a note on that first run:
+    its time, the kernels searched or taken from the disk cache, the seconds spent searching)."""
+    from zyx.backends import autotune
+    from zyx.graph import schedule
+
+    autotune.reset_budget()
+    zyx.debug.reset_stats()
+    schedule.clear_cache()  # cached schedules hold the heuristics' programs: plan (and compile) afresh
+    with autotune.configured(True, budget_s=budget_s):
+        t0 = time.perf_counter()
+        run()
+        first = time.perf_counter() - t0
+        st = zyx.debug.stats()
+        note = (f"first run {first:.1f} s: {st.get('autotune_searches', 0)} searched, {st.get('autotune_hits', 0)} "
+                f"cached, {autotune.spent_s():.1f} s tuning of {budget_s:g} s")
+        ms = median_ms(run, repeats, warmup=1)
+    schedule.clear_cache()
+    return ms, note
+
+
+@case
+def matmul_generated_autotune(args) -> Row:
+    """The generated matmul (no BLAS) with autotuning on (budget 30 s, then cached), beside the heuristics' kernel."""
+    n = 1 << (args.scale // 2)
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((n, n)).astype(np.float32), rng.standard_normal((n, n)).astype(np.float32)
+    A, B = zyx.Tensor(a).realize(), zyx.Tensor(b).realize()
+    with _GeneratedOnly():
+        untuned = median_ms(lambda: (A @ B).realize(), 3, warmup=1)
+    with _GeneratedOnly():
+        ms, note = _tuned(args, 30.0, lambda: (A @ B).realize(), 3)
+    row = Row(f"matmul {n}^3 f32 [generated, autotuned]", ms, note=f"{2 * n**3 / ms / 1e6:.1f} GFLOP/s; {note}")
+    row.refs["numpy"] = median_ms(lambda: a @ b, 3)
+    row.refs["heuristics"] = untuned
+    torch = _torch()
+    if torch is not None:
+        ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+        row.refs["torch"] = median_ms(lambda: ta @ tb, 3)
+    return row
+
+
+@case
+def softmax_autotune(args) -> Row:
+    """Row softmax with autotuning on (budget 30 s, then cached), beside PyTorch eager and torch.compile (when it
+    compiles here; its first call is reported)."""
+    x, X = _square(args)
+    untuned = median_ms(lambda: X.softmax(-1).realize(), args.repeats)
+    ms, note = _tuned(args, 30.0, lambda: X.softmax(-1).realize(), args.repeats)
+    row = Row(f"softmax rows {x.shape[0]}x{x.shape[1]} f32 [autotuned]", ms, note=note)
+    row.refs["heuristics"] = untuned
+    torch = _torch()
+    if torch is not None:
+        t = torch.from_numpy(x)
+        row.refs["torch"] = median_ms(lambda: torch.softmax(t, -1), args.repeats)
+        try:
+            compiled = torch.compile(lambda v: torch.softmax(v, -1))
+            t0 = time.perf_counter()
+            compiled(t)
+            row.note += f"; torch.compile first call {time.perf_counter() - t0:.1f} s"
+            row.refs["torch.compile"] = median_ms(lambda: compiled(t), args.repeats)
+        except Exception as e:  # noqa: BLE001 - no compiler, no inductor: say so and go on
+            row.note += f"; torch.compile unavailable: {type(e).__name__}"
+    return row
+
+
 @case
 def mlp_forward(args) -> Row:
     rng = np.random.default_rng(4)
@@ -347,16 +429,18 @@ def _mlp_step_row(args, opt_name: str) -> Row:
         return step
 
     jitted, plain = zyx.jit(make()), make()
-    reps = max(args.repeats, 30)
-    ms = median_ms(lambda: jitted(zyx.Tensor(x), zyx.Tensor(y)).item(), reps, warmup=3)
-    row = Row(f"train step MLP 784-256-10, batch 64, {opt_name}, zyx.jit", ms, note="replay of the captured step")
-    row.refs["no jit"] = median_ms(lambda: plain(zyx.Tensor(x), zyx.Tensor(y)).item(), reps, warmup=3)
+    fns = {"jit": lambda: jitted(zyx.Tensor(x), zyx.Tensor(y)).item(),
+           "no jit": lambda: plain(zyx.Tensor(x), zyx.Tensor(y)).item()}
     torch = _torch()
     if torch is not None:
         torch.manual_seed(0)
         tm = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
         topt = torch.optim.SGD(tm.parameters(), lr=1e-2) if opt_name == "sgd" else torch.optim.Adam(tm.parameters())
-        row.refs["torch"] = median_ms(_torch_step(torch, tm, topt, x, y), reps, warmup=3)
+        fns["torch"] = _torch_step(torch, tm, topt, x, y)
+    ms = interleaved_medians(fns, max(args.repeats, 30), warmup=3)
+    row = Row(f"train step MLP 784-256-10, batch 64, {opt_name}, zyx.jit", ms.pop("jit"),
+              note="replay of the captured step; the three timed in turns")
+    row.refs.update(ms)
     return row
 
 

@@ -13,18 +13,22 @@ import ctypes
 import re
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import kernels_of
+from conftest import host_without_blas, kernels_of
 
 import zyx
 from zyx import dtypes
+from zyx.backends.cuda import nvrtc
+from zyx.backends.cuda.args import ArgPack
+from zyx.backends.cuda.emulator import kernels as emu_kernels
 from zyx.kernel import gpu, ir
 from zyx.kernel.ir import Kernel, Ops, Param, Store
 from zyx.kernel.linearize import linearize
-from zyx.kernel.render_cuda import render_cuda
+from zyx.kernel.render_cuda import CUDARenderer, render_cuda
 
 INFO = gpu.reference_info()
 f32 = dtypes.float32
@@ -205,3 +209,135 @@ def test_rendered_row_sum_threads_read_adjacent_elements(tmp_path):
     k = only_kernel(lazy((rows, cols)).sum(1))
     assert gpu.geometry(gpu.optimize(k, INFO)).strategy == "group"
     assert first_reads(k, [(x, 0) for x in range(32)], tmp_path, rows * cols, rows) == list(range(32))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tensor cores: shared-memory tiles of a 16-bit contraction (the ``mma`` strategy)
+
+_NVRTC = nvrtc.available()
+needs_nvrtc = pytest.mark.skipif(_NVRTC is not None, reason=f"NVRTC unavailable ({_NVRTC}): {nvrtc.INSTALL_HINT}")
+EMU_GRID = 2  # blocks per emulated launch: fewer than the tiles, so the grid-stride loop over tiles wraps
+
+
+def matmul_kernel(a_shape: tuple[int, ...], b_shape: tuple[int, ...], dtype: str, transpose_a: bool = False
+                  ) -> Kernel:
+    """The generated (BLAS off) kernel of ``a @ b`` for 16-bit leaves of the given shapes (``a.T @ b`` when
+    ``transpose_a``: ``a_shape`` is then the stored shape)."""
+    def leaf(shape: tuple[int, ...]) -> zyx.Tensor:
+        return zyx.Tensor(np.zeros(shape, np.float32)).cast(dtype).realize()
+
+    with host_without_blas():
+        a = leaf(a_shape)
+        out = (a.T if transpose_a else a) @ leaf(b_shape)
+        (k,) = [k for k in kernels_of(out) if k.reduces()]
+    return k
+
+
+def emulate(k: Kernel, params: dict[str, int], inputs: dict[int, np.ndarray]) -> np.ndarray:
+    """Run ``k`` (one output, ``p0``) rendered under ``params`` on the emulated driver's CPU runtime."""
+    cs = CUDARenderer().render(gpu.optimize(k, INFO, params))
+    fn = emu_kernels.compile_module(cs.source).functions[cs.name]
+    out = np.zeros(k.params[0].size, k.params[0].dtype.np_dtype)
+    bufs = [out] + [inputs[i] for i in range(1, len(k.params))]
+    pack = ArgPack(len(bufs)).fill([None] * len(bufs), [b.ctypes.data for b in bufs])
+    fault = fn.run([pack.slot(i)[:n] for i, n in enumerate(fn.param_sizes)], (min(cs.grid[0], EMU_GRID), 1, 1),
+                   cs.block)
+    assert fault is None, f"{cs.name}: {fault}"
+    return out
+
+
+def check_matmul(k: Kernel, a_shape: tuple[int, ...], b_shape: tuple[int, ...], transpose_a: bool,
+                 params: dict[str, int], rng: np.random.Generator) -> None:
+    """The emulated kernel equals NumPy's float64 matmul of the same 16-bit inputs (within the output's rounding)."""
+    np_dtype = k.params[1].dtype.np_dtype
+    a = rng.uniform(-1, 1, a_shape).astype(np.float32).astype(np_dtype)
+    b = rng.uniform(-1, 1, b_shape).astype(np.float32).astype(np_dtype)
+    by_size = {a.size: a, b.size: b}
+    assert len(by_size) == 2 and len(k.params) == 3 and k.params[0].kind == "out"
+    inputs = {i: np.ascontiguousarray(by_size[k.params[i].size]).reshape(-1) for i in (1, 2)}
+    got = emulate(k, params, inputs).astype(np.float64)
+    a64 = a.astype(np.float64)
+    want = ((np.swapaxes(a64, -1, -2) if transpose_a else a64) @ b.astype(np.float64)).reshape(-1)
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=2e-2)
+
+
+def test_mma_kernel_stages_its_tiles_in_shared_memory():
+    """An f16 256^3 matmul: a block of warps per output tile, operands staged through ``__shared__`` arrays
+    between barriers, fragments from shared memory into ``mma.sync``; the tiles fit the device."""
+    k = matmul_kernel((256, 256), (256, 256), "float16")
+    ko = gpu.optimize(k, INFO)
+    g = gpu.geometry(ko)
+    assert g.strategy == "mma" and g.tile is not None and g.block == (32, g.tile.warps, 1)
+    assert g.tile.shared_bytes <= INFO.local_memory_bytes
+    assert g.items == -(-256 // g.tile.bm) * -(-256 // g.tile.bn)
+    src = CUDARenderer().render(ko).source
+    t = g.tile
+    assert f"__shared__ __align__(16) unsigned int zsa[{t.bm}][{t.bk // 2 + 4}];" in src  # a: k contiguous
+    assert f"__shared__ __align__(16) unsigned int zsb[{t.bn}][{t.bk // 2 + 1}];" in src  # b: n contiguous
+    assert src.count("__syncthreads();") == 2 and "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in src
+    assert "za[zi][0] = zsa[" in src and "zb[zj][0] = zsb[" in src  # fragments come from shared memory
+    assert "*(uint4*)&zsa[" in src and "= *(const uint4*)(p" in src  # 16-byte loads: 256 is a multiple of 8
+    # every tiling in the search space is legal for the device, and the heuristic's is listed first
+    space = gpu.search_space(k, INFO)["mma_tile"]
+    assert space[0] == gpu.MMA_TILES.index(t) and sorted(space) == list(gpu.mma_tiles(INFO))
+
+
+def test_mma_tiles_respect_the_device_limits():
+    """A tiling whose shared arrays or threads exceed the device is never a candidate nor chosen."""
+    k = matmul_kernel((256, 256), (256, 256), "float16")
+    small = replace(INFO, local_memory_bytes=8 * 1024, max_local_threads=128, max_local_work=(128, 128, 64))
+    fits = gpu.mma_tiles(small)
+    assert fits and all(gpu.MMA_TILES[i].shared_bytes <= 8 * 1024 and gpu.MMA_TILES[i].warps <= 4 for i in fits)
+    assert len(fits) < len(gpu.MMA_TILES)
+    for i in range(len(gpu.MMA_TILES)):  # a tile that does not fit falls back to the heuristic's
+        assert gpu.MMA_TILES.index(gpu.geometry(gpu.optimize(k, small, {"mma_tile": i})).tile) in fits
+    for t in gpu.MMA_TILES:
+        assert t.bm % (16 * t.wm) == 0 and t.bn % (8 * t.wn) == 0 and t.bk % 16 == 0
+
+
+def test_mma_fill_order_follows_the_contiguous_axis():
+    plain = gpu.find_contraction(matmul_kernel((33, 47), (47, 70), "float16"))
+    trans = gpu.find_contraction(matmul_kernel((47, 33), (47, 70), "float16", transpose_a=True))
+    assert plain is not None and trans is not None
+    assert gpu.mma_fill_order(plain) == (True, False)  # a: k contiguous; b: n contiguous
+    assert gpu.mma_fill_order(trans) == (False, False)  # a.T: m contiguous
+    # 16-byte loads only where every vector is aligned and wholly inside or outside the bounds
+    assert gpu.mma_vector_fill(plain) == (False, False)  # k = 47, n = 70: not multiples of 8
+    batched = gpu.find_contraction(matmul_kernel((3, 40, 24), (3, 24, 56), "float16"))
+    trans8 = gpu.find_contraction(matmul_kernel((48, 40), (48, 56), "float16", transpose_a=True))
+    assert batched is not None and gpu.mma_vector_fill(batched) == (True, True)
+    assert trans8 is not None and gpu.mma_vector_fill(trans8) == (True, True) and not gpu.mma_fill_order(trans8)[0]
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_every_mma_tile_compiles_for_sm80_and_sm90(dtype):
+    k = matmul_kernel((256, 256), (256, 256), dtype)
+    for i in gpu.search_space(k, INFO)["mma_tile"]:
+        cs = CUDARenderer().render(gpu.optimize(k, INFO, {"mma_tile": i}))
+        for arch in ("sm_80", "sm_90"):
+            assert nvrtc.compile_cubin(cs.source, cs.name, arch)[:4] == b"\x7fELF", (i, arch)
+
+
+@needs_gxx
+def test_every_mma_tile_computes_the_matmul_under_emulation(rng):
+    """Ragged sizes (no dimension a multiple of any tile): each tiling of the search space equals NumPy."""
+    k = matmul_kernel((33, 47), (47, 70), "float16")
+    for i in gpu.search_space(k, INFO)["mma_tile"]:
+        assert gpu.geometry(gpu.optimize(k, INFO, {"mma_tile": i})).tile == gpu.MMA_TILES[i]
+        check_matmul(k, (33, 47), (47, 70), False, {"mma_tile": i}, rng)
+
+
+@needs_gxx
+@pytest.mark.parametrize("a_shape,b_shape,transpose_a,dtype", [
+    ((33, 47), (47, 70), False, "bfloat16"),
+    ((3, 40, 24), (3, 24, 56), False, "float16"),
+    ((70, 33), (70, 47), True, "bfloat16"),
+    ((48, 40), (48, 56), True, "float16"),
+    ((3, 40, 24), (3, 24, 56), False, "bfloat16")])
+def test_mma_matmuls_under_emulation_equal_numpy(a_shape, b_shape, transpose_a, dtype, rng):
+    """Batched, transposed and bfloat16 contractions on the heuristic's tile and on the largest one."""
+    k = matmul_kernel(a_shape, b_shape, dtype, transpose_a)
+    assert gpu.geometry(gpu.optimize(k, INFO)).strategy == "mma"
+    for params in ({}, {"mma_tile": 0}):
+        check_matmul(k, a_shape, b_shape, transpose_a, params, rng)

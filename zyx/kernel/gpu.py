@@ -32,11 +32,18 @@ Strategies (every kernel gets one; each is correct for every kernel it is chosen
             this layout with ``TY == 1``, serial per thread). The grid-stride loop steps whole blocks
             (``__syncthreads`` stays uniform); lanes past the last output compute a clamped copy and do not store.
 ``mma``     a 16-bit contraction (``find_contraction``: the only reduce is ``sum_k a(m, k) * b(k, n)`` of two
-            float16 / bfloat16 values cast to float32) on a device with tensor cores of sm_80+: one warp per
-            16x8 tile of (m, n) (and batch index), stepping k by 16 with ``mma.sync.m16n8k16`` (f32
-            accumulators). Each lane evaluates its own fragment elements of ``a`` and ``b`` (any expression
-            of the ranges, zero outside the bounds), and the epilogue (the output block's statements and stores)
-            runs per accumulator element. Chosen before every other strategy when it applies.
+            float16 / bfloat16 values cast to float32) on a device with tensor cores of sm_80+: one block of
+            ``WM x WN`` warps per ``BM x BN`` output tile (an ``MmaTile``; and batch index), each warp a
+            ``BM/WM x BN/WN`` sub-tile of 16x8 ``mma.sync.m16n8k16`` tiles (f32 accumulators in registers). The
+            block steps k by ``BK``: its threads evaluate the ``BM x BK`` tile of ``a`` and the ``BK x BN`` tile of
+            ``b`` (any expression of the ranges, zero outside the bounds; two adjacent k per 32-bit word) into
+            ``__shared__`` arrays ``[BM][BK/2 + pad]`` / ``[BN][BK/2 + pad]`` (k-pairs innermost: a fragment
+            register is one word; ``MmaTile.row_words``), adjacent threads along the operand's contiguous axis
+            (``mma_fill_order``), with 16-byte loads of 8 elements where provably aligned and in or out of bounds
+            as a whole (``mma_vector_fill``), ``__syncthreads``, build their fragments from shared memory and issue
+            the mma's, ``__syncthreads`` again. The epilogue (the output
+            block's statements and stores) runs per accumulator element inside the bounds. Chosen before every
+            other strategy when it applies.
 ``group``   one *group* of ``G`` threads (a warp when ``G == 32``, several warps per block; else one block per
             group) per iteration of output loops ``[0, s)``. The top-level reduces at depth ``s`` are cooperative:
             each thread accumulates a strided slice of the reduce range, then warp shuffles (``__shfl_xor_sync``:
@@ -46,6 +53,15 @@ Strategies (every kernel gets one; each is correct for every kernel it is chosen
             ``[s, flat)`` are flattened and strided over the group's threads (the elementwise part of softmax);
             loops ``[flat, n)`` and every deeper reduce run serially in the thread. With ``s == n`` the stores run
             on lane 0. Chosen for every other kernel with a reduce.
+
+Tunable parameters (``search_space`` lists them per kernel, ``optimize(k, info, params)`` takes them; the autotuner
+times them): ``strategy`` (an index into ``STRATEGIES``) among the strategies legal for the kernel — ``group``
+always when there is a reduce; ``thread`` and ``columns`` when every top-level reduce is at the innermost depth;
+``mma`` for a contraction on tensor cores — and the sizes ``threads`` (``THREADS_PER_BLOCK``),
+``elems_per_thread`` (``ELEMS_PER_THREAD``), ``warps_per_block`` (``WARP_GROUPS_PER_BLOCK``) and ``mma_tile``
+(an index into ``MMA_TILES``: block tile, k step and warp grid; only those whose shared arrays fit
+``info.local_memory_bytes`` and whose block fits the thread limit). No parameter changes what a kernel computes
+(up to the order of a reduce's terms).
 
 Invariants:
 - ``1 <= grid[0] <= info.max_global_work[0]``, ``grid[1:] == (1, 1)``: a grid-stride loop over the work items
@@ -68,11 +84,11 @@ Invariants:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from zyx import dtypes
-from zyx.kernel import ir, opt
+from zyx.kernel import contraction, ir, opt
 from zyx.kernel.ir import Expr, Kernel, Ops, Store
 from zyx.kernel.linearize import Block, Loop, Reduce, linearize
 from zyx.kernel.target import DeviceInfo
@@ -87,7 +103,47 @@ THREAD_OUTPUTS_PER_UNIT = 256  # the thread strategy for reduces needs this many
 
 
 MMA_M, MMA_N, MMA_K = 16, 8, 16  # the mma.sync.m16n8k16 tile (f16 / bf16 inputs, f32 accumulators)
-MMA_WARPS_PER_BLOCK = 4  # warps per block in the mma layout (one 16x8 output tile each)
+
+
+@dataclass(frozen=True)
+class MmaTile:
+    """The mma layout's blocking: a block of ``wm x wn`` warps computes a ``bm x bn`` output tile, stepping k by
+    ``bk``; each warp owns a ``bm/wm x bn/wn`` sub-tile of 16x8 mma tiles. Invariants: ``bm % (16 wm) == 0``,
+    ``bn % (8 wn) == 0``, ``bk % 16 == 0``."""
+
+    bm: int
+    bn: int
+    bk: int
+    wm: int
+    wn: int
+
+    @property
+    def warps(self) -> int:
+        return self.wm * self.wn
+
+    @property
+    def tiles_m(self) -> int:
+        """16-row mma tiles per warp along m."""
+        return self.bm // (MMA_M * self.wm)
+
+    @property
+    def tiles_n(self) -> int:
+        """8-column mma tiles per warp along n."""
+        return self.bn // (MMA_N * self.wn)
+
+    def row_words(self, k_first: bool) -> int:
+        """32-bit words per row of a shared tile: ``bk / 2`` k-pairs and a pad (bank spreading) of 4 when the fill
+        walks k fastest (rows stay 16-byte aligned for vector stores), else 1 (a fill walking the rows)."""
+        return self.bk // 2 + (4 if k_first else 1)
+
+    @property
+    def shared_bytes(self) -> int:
+        return 4 * self.row_words(True) * (self.bm + self.bn)  # an upper bound: the wider pad
+
+
+# the ``mma_tile`` parameter's values index this tuple; the heuristic takes the first that gives every SM a block
+MMA_TILES = (MmaTile(128, 128, 32, 2, 4), MmaTile(128, 64, 32, 2, 2), MmaTile(64, 64, 32, 2, 2),
+             MmaTile(64, 32, 32, 2, 1), MmaTile(32, 32, 32, 1, 1), MmaTile(32, 16, 16, 1, 1))
 
 
 @dataclass(frozen=True)
@@ -112,12 +168,13 @@ class Geometry:
     strategy: str  # "thread", "columns", "mma" or "group"
     split: int  # output loops [0, split) index the work items (threads or groups)
     flat: int  # output loops [split, flat) are strided over a group's threads (== split for "thread")
-    items: int  # work items: threads ("thread"), outputs ("columns"), 16x8 tiles ("mma") or groups ("group")
+    items: int  # work items: threads ("thread"), outputs ("columns"), block tiles ("mma") or groups ("group")
     group_threads: int  # threads per group (1 for "thread"; TY, the threads sharing one output, for "columns")
     groups_per_block: int
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     contraction: Contraction | None = None  # for "mma": the matched reduce
+    tile: MmaTile | None = None  # for "mma": the block / warp tiling
 
     @property
     def block_threads(self) -> int:
@@ -189,29 +246,10 @@ def loop_size(loops: Sequence[Loop]) -> int:
 # heuristics
 
 
-def _coef(e: Expr, r: Expr) -> int | None:
-    """The coefficient of range ``r`` in the index ``e`` when ``e`` is affine in ``r``, else None."""
-    if r not in e.ranges:
-        return 0
-    if e is r:
-        return 1
-    if e.op is Ops.ADD:
-        a, b = _coef(e.srcs[0], r), _coef(e.srcs[1], r)
-        return None if a is None or b is None else a + b
-    if e.op is Ops.MUL:
-        x, y = e.srcs
-        if y.op is Ops.CONST:
-            x, y = y, x
-        if x.op is Ops.CONST and e.dtype.is_int:
-            c = _coef(y, r)
-            return None if c is None else c * x.arg
-    return None
-
-
 def coalesced_across(values: Sequence[Expr], r: Expr) -> bool:
     """Every load feeding ``values`` reads the same or the next element when ``r`` steps by one."""
     for e in ir.toposort(list(values)):
-        if e.op is Ops.LOAD and _coef(e.srcs[0], r) not in (0, 1):
+        if e.op is Ops.LOAD and ir.affine_coefficient(e.srcs[0], r) not in (0, 1):
             return False
     return True
 
@@ -246,7 +284,7 @@ def access_sectors(loads: Sequence[Expr], lanes: Sequence[dict[Expr, int]]) -> i
     total = 0
     for ld in loads:
         index, size = ld.srcs[0], ld.dtype.itemsize
-        coefs = {r: _coef(index, r) for r in set().union(*(p.keys() for p in lanes))}
+        coefs = {r: ir.affine_coefficient(index, r) for r in set().union(*(p.keys() for p in lanes))}
         if any(c is None for c in coefs.values()):
             total += len(lanes)
             continue
@@ -284,14 +322,14 @@ def _prefer_thread(k: Kernel, root: Block, info: DeviceInfo) -> bool:
     return coalesced_across([r.expr.srcs[0] for r in reds], k.loops[-1])
 
 
-def _group_threads(work: int, groups: int, info: DeviceInfo) -> int:
-    """Threads per group: a warp, doubled while each thread would get more than ``ELEMS_PER_THREAD`` elements, up
+def _group_threads(work: int, groups: int, info: DeviceInfo, elems: int = ELEMS_PER_THREAD) -> int:
+    """Threads per group: a warp, doubled while each thread would get more than ``elems`` elements, up
     to the block limit (256 when there are groups enough to fill the GPU anyway)."""
     cap = max(info.max_local_threads, WARP)
     if groups >= MANY_GROUPS_PER_UNIT * max(info.compute_units, 1):
         cap = min(cap, 256)
     g = WARP
-    while g < cap and g * ELEMS_PER_THREAD < work:
+    while g < cap and g * elems < work:
         g *= 2
     return min(g, cap) // WARP * WARP
 
@@ -301,24 +339,26 @@ def _grid(items: int, per_block: int, info: DeviceInfo) -> tuple[int, int, int]:
     return (min(blocks, info.max_global_work[0]), 1, 1)
 
 
-def _thread_geometry(k: Kernel, info: DeviceInfo) -> Geometry:
+def _thread_geometry(k: Kernel, info: DeviceInfo, per_block: int = THREADS_PER_BLOCK) -> Geometry:
     n = len(k.loops)
     if k.scan_ranges():
         n -= 1  # the scan's loop (innermost) runs serially in each thread
     items = math.prod(r.arg[1] for r in k.loops[:n])
-    threads = min(THREADS_PER_BLOCK, max(WARP, -(-items // WARP) * WARP))
+    per_block = max(WARP, min(per_block, max(info.max_local_threads, WARP)) // WARP * WARP)
+    threads = min(per_block, max(WARP, -(-items // WARP) * WARP))
     return Geometry("thread", n, n, items, 1, 1, _grid(items, threads, info), (threads, 1, 1))
 
 
-def _group_geometry(root: Block, s: int, info: DeviceInfo) -> Geometry:
+def _group_geometry(root: Block, s: int, info: DeviceInfo, elems: int = ELEMS_PER_THREAD,
+                    warps: int = WARP_GROUPS_PER_BLOCK) -> Geometry:
     loops = output_loops(root)
     n = len(loops)
     flat = s + flatten_count(loops[s:]) if s < n else n
     items = loop_size(loops[:s])
     chains = [reduce_chain(r) for r in _top_reduces(root, s)]
     work = max([loop_size(c[:flatten_count(c)]) for c in chains] + [loop_size(loops[s:flat])])
-    g = _group_threads(work, items, info)
-    w = max(1, min(WARP_GROUPS_PER_BLOCK, items, max(info.max_local_threads, WARP) // WARP)) if g == WARP else 1
+    g = _group_threads(work, items, info, elems)
+    w = max(1, min(warps, items, max(info.max_local_threads, WARP) // WARP)) if g == WARP else 1
     return Geometry("group", s, flat, items, g, w, _grid(items, w, info), (g, w, 1))
 
 
@@ -327,7 +367,7 @@ def _columns_tx(items: int) -> int:
     return WARP if items >= WARP else 1 << max(0, items - 1).bit_length()
 
 
-def _columns_geometry(root: Block, info: DeviceInfo) -> Geometry | None:
+def _columns_geometry(root: Block, info: DeviceInfo, elems: int = ELEMS_PER_THREAD) -> Geometry | None:
     """The ``columns`` layout of a kernel whose top-level reduces are all at the innermost depth, or None when it
     would not fit (shared memory)."""
     loops = output_loops(root)
@@ -340,7 +380,7 @@ def _columns_geometry(root: Block, info: DeviceInfo) -> Geometry | None:
     cap = max(info.max_local_threads, WARP) // tx
     ty = max(1, WARP // tx)
     target = RESIDENT_THREADS_PER_UNIT * max(info.compute_units, 1)
-    while ty * 2 <= cap and work >= ty * 2 * ELEMS_PER_THREAD and blocks * tx * ty < target:
+    while ty * 2 <= cap and work >= ty * 2 * elems and blocks * tx * ty < target:
         ty *= 2
     per_thread_cell = 12  # bytes of shared memory per thread and reduce: a double partial and a NaN flag at most
     while ty > max(1, WARP // tx) and len(reds) * tx * ty * per_thread_cell > info.local_memory_bytes:
@@ -372,72 +412,139 @@ def _operand(x: Expr) -> Expr | None:
 
 
 def find_contraction(k: Kernel) -> Contraction | None:
-    """The kernel's only reduce when it is a contraction ``sum over one range k of a(m, k) * b(k, n)`` of two
-    16-bit operands of one dtype (each any expression of its ranges, cast to float32; accumulated in float32),
-    depending on every output loop, with ``m`` and ``n`` output loops that only ``a`` resp. ``b`` depend on.
-    ``n`` is the innermost of the two (adjacent outputs are adjacent columns of the tile)."""
-    if k.scan_ranges() or k.then:
+    """The kernel's contraction (``kernel.contraction``) when it is ``sum over one range k of a(m, k) * b(k, n)``
+    of two 16-bit operands of one dtype (each any expression of its ranges, cast to float32; accumulated in
+    float32), depending on every output loop. ``n`` is the innermost of ``m`` and ``n`` (adjacent outputs are
+    adjacent columns of the tile)."""
+    if k.then:
         return None
-    reds = k.reduces()
-    if len(reds) != 1:
+    c = contraction.find_contraction(k)
+    if c is None or c.red.dtype is not dtypes.float32 or set(c.red.ranges) != set(k.loops):
         return None
-    (red,) = reds
-    op, ranges = red.arg
-    if op is not Ops.ADD or len(ranges) != 1 or red.dtype is not dtypes.float32 or red.srcs[0].op is not Ops.MUL:
+    a, b = _operand(c.a), _operand(c.b)
+    if a is None or b is None or a.dtype is not b.dtype:
         return None
-    (kr,) = ranges
-    x, y = red.srcs[0].srcs
-    a, b = _operand(x), _operand(y)
-    if a is None or b is None or a.dtype is not b.dtype or set(red.ranges) != set(k.loops):
-        return None
-    if kr not in a.ranges or kr not in b.ranges:
-        return None
-    only_a, only_b = (a.ranges - b.ranges) - {kr}, (b.ranges - a.ranges) - {kr}
-    if len(only_a) != 1 or len(only_b) != 1:
-        return None
-    (m,), (n,) = only_a, only_b
-    if k.loops.index(m) > k.loops.index(n):
-        m, n, a, b = n, m, b, a
-    return Contraction(red, m, n, kr, a, b, a.dtype)
+    return Contraction(c.red, c.m, c.n, c.k, a, b, a.dtype)
 
 
-def _mma_geometry(k: Kernel, info: DeviceInfo) -> Geometry | None:
-    """Tensor cores for a 16-bit contraction (sm_80+: ``mma.sync.m16n8k16``), one warp per 16x8 output tile,
-    when the contraction is at least one tile in each dimension."""
+def mma_tiles(info: DeviceInfo) -> tuple[int, ...]:
+    """Indices into ``MMA_TILES`` of the tilings that fit ``info`` (shared memory, threads per block)."""
+    limit = max(info.max_local_threads, WARP)
+    shared = info.local_memory_bytes or 48 * 1024
+    return tuple(i for i, t in enumerate(MMA_TILES) if t.warps * WARP <= limit and t.shared_bytes <= shared)
+
+
+def _mma_geometry(k: Kernel, info: DeviceInfo, tile: int | None = None) -> Geometry | None:
+    """Tensor cores for a 16-bit contraction (sm_80+: ``mma.sync.m16n8k16``), one block per ``MmaTile`` of the
+    output, when the contraction is at least one 16x8x16 mma tile in each dimension. ``tile`` indexes
+    ``MMA_TILES`` (one that does not fit ``info``: the heuristic's); the heuristic takes the largest tiling that
+    gives every SM a block, else the one with the most blocks."""
     cap = info.compute_capability or (0, 0)
     if not info.tensor_cores or cap < (8, 0):
         return None
     c = find_contraction(k)
     if c is None or c.m.arg[1] < MMA_M or c.n.arg[1] < MMA_N or c.k.arg[1] < MMA_K:
         return None
+    fits = mma_tiles(info)
+    if not fits:
+        return None
     batch = math.prod(r.arg[1] for r in k.loops if r is not c.m and r is not c.n)
-    items = batch * -(-c.m.arg[1] // MMA_M) * -(-c.n.arg[1] // MMA_N)
-    w = max(1, min(MMA_WARPS_PER_BLOCK, items))
+
+    def blocks(t: MmaTile) -> int:
+        return batch * -(-c.m.arg[1] // t.bm) * -(-c.n.arg[1] // t.bn)
+
+    if tile not in fits:
+        full = [i for i in fits if blocks(MMA_TILES[i]) >= max(info.compute_units, 1)]
+        tile = full[0] if full else max(fits, key=lambda i: (blocks(MMA_TILES[i]), -i))
+    t = MMA_TILES[tile]
+    items = blocks(t)
     n = len(k.loops)
-    return Geometry("mma", n, n, items, WARP, w, _grid(items, w, info), (WARP, w, 1), c)
+    return Geometry("mma", n, n, items, WARP, t.warps, _grid(items, 1, info), (WARP, t.warps, 1), c, t)
 
 
-def plan(k: Kernel, info: DeviceInfo) -> Geometry:
-    """The geometry of a kernel whose loops are already normalized (see ``optimize``)."""
+def mma_fill_order(c: Contraction) -> tuple[bool, bool]:
+    """Whether the threads filling the shared tiles of ``a`` and ``b`` should walk k-pairs fastest (adjacent
+    threads on adjacent k) rather than m (``a``) or n (``b``): the axis along which the operand's loads step least
+    (the contiguous one of a plain or transposed operand). Only the order of the fill changes, not the tiles."""
+    def k_first(x: Expr, other: Expr) -> bool:
+        loads = [e for e in ir.toposort([x]) if e.op is Ops.LOAD]
+        return _step_cost(loads, c.k) <= _step_cost(loads, other)
+
+    return k_first(c.a, c.m), k_first(c.b, c.n)
+
+
+VECTOR = 8  # 16-bit elements per 16-byte vector load of an mma tile fill
+
+
+def mma_vector_fill(c: Contraction) -> tuple[bool, bool]:
+    """Whether the tile fill of ``a`` / ``b`` may read ``VECTOR`` adjacent elements along its fast axis (see
+    ``mma_fill_order``) with one 16-byte load: the operand is a plain load (no gate) whose index is affine in the
+    ranges with coefficient 1 along that axis and every other coefficient and the offset multiples of ``VECTOR``,
+    and the axis' size is a multiple of ``VECTOR`` (a vector starting at a multiple of it is wholly inside or wholly
+    outside the bounds; tiles start at multiples of it). Buffers are whole pool allocations (256-byte aligned on
+    CUDA and in the emulator), so such a vector is 16-byte aligned."""
+    def ok(u: Expr, fast: Expr) -> bool:
+        if u.op is not Ops.LOAD or len(u.srcs) != 1 or fast.arg[1] % VECTOR:
+            return False
+        terms, offset = ir._linear(u.srcs[0])
+        if offset % VECTOR or any(r.op is not Ops.RANGE for r in terms) or terms.get(fast) != 1:
+            return False
+        return all(v % VECTOR == 0 for r, v in terms.items() if r is not fast)
+
+    a_k, b_k = mma_fill_order(c)
+    return ok(c.a, c.k if a_k else c.m), ok(c.b, c.k if b_k else c.n)
+
+
+STRATEGIES = ("thread", "group", "columns", "mma")  # the ``strategy`` parameter's values index this tuple
+
+Params = Mapping[str, int]
+
+
+def _choices(k: Kernel, info: DeviceInfo, root: Block, params: Params) -> tuple[str, dict[str, Geometry]]:
+    """The heuristic's strategy and every legal geometry of ``k`` (by strategy name) under ``params``' sizes."""
     if info.warp_size not in (1, WARP):  # 1: a DeviceInfo that did not say
         raise ValueError(f"CUDA code generation assumes {WARP}-thread warps, {info.name} has {info.warp_size}")
-    root = linearize(k)
+    threads = params.get("threads", THREADS_PER_BLOCK)
+    elems = params.get("elems_per_thread", ELEMS_PER_THREAD)
     depths = reduce_depths(root)
     s = depths[0] if depths else len(k.loops)
     if k.scan_ranges():
         if depths:
             raise NotImplementedError(f"kernel {k.name}: a scan kernel holds no reduce (fusion stores it first)")
-        return _thread_geometry(k, info)
-    mma = _mma_geometry(k, info) if depths else None
+        return "thread", {"thread": _thread_geometry(k, info, threads)}
+    if not depths:
+        return "thread", {"thread": _thread_geometry(k, info, threads)}
+    legal: dict[str, Geometry] = {}
+    mma = _mma_geometry(k, info, params.get("mma_tile"))
     if mma is not None:
-        return mma
-    if not depths or (s == len(k.loops) and _prefer_thread(k, root, info)):
-        return _thread_geometry(k, info)
-    if s == len(k.loops) and s > 0:
-        cols = _columns_geometry(root, info)
-        if cols is not None and _columns_pay(root, cols):
-            return cols
-    return _group_geometry(root, s, info)
+        legal["mma"] = mma
+    legal["group"] = _group_geometry(root, s, info, elems, params.get("warps_per_block", WARP_GROUPS_PER_BLOCK))
+    cols = None
+    if s == len(k.loops) and s > 0:  # reduces only at the innermost depth: one output per thread (or TY) is legal
+        legal["thread"] = _thread_geometry(k, info, threads)
+        cols = _columns_geometry(root, info, elems)
+        if cols is not None:
+            legal["columns"] = cols
+    if mma is not None:
+        return "mma", legal
+    if s == len(k.loops) and _prefer_thread(k, root, info):
+        return "thread", legal
+    if cols is not None and _columns_pay(root, cols):
+        return "columns", legal
+    return "group", legal
+
+
+def plan(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Geometry:
+    """The geometry of a kernel whose loops are already normalized (see ``optimize``). ``params`` (names from
+    ``search_space``) override the heuristic: ``strategy`` (an index into ``STRATEGIES``; ignored when that
+    strategy is not legal for ``k``) and the sizes; every choice is correct, only speed differs."""
+    p = params or {}
+    root = linearize(k)
+    chosen, legal = _choices(k, info, root, p)
+    want = p.get("strategy")
+    if want is not None and 0 <= want < len(STRATEGIES) and STRATEGIES[want] in legal:
+        chosen = STRATEGIES[want]
+    return legal[chosen]
 
 
 def lane_strides(k: Kernel) -> dict[Expr, int | None]:
@@ -448,7 +555,7 @@ def lane_strides(k: Kernel) -> dict[Expr, int | None]:
     loops = output_loops(root)
     out: dict[Expr, int | None] = {}
     if geom.strategy == "mma":
-        return out  # fragments: each lane reads its own elements of the tile (see render_cuda)
+        return out  # the block fills shared tiles along the contiguous axes (mma_fill_order; see render_cuda)
     for red in _top_reduces(root, geom.split):
         if geom.strategy == "group":
             chain = reduce_chain(red)
@@ -456,7 +563,7 @@ def lane_strides(k: Kernel) -> dict[Expr, int | None]:
         else:
             lane = loops[geom.split - 1].range
         for ld in reduce_loads(red):
-            out[ld] = _coef(ld.srcs[0], lane)
+            out[ld] = ir.affine_coefficient(ld.srcs[0], lane)
     return out
 
 
@@ -473,7 +580,7 @@ def _substitute_stores(k: Kernel, mapping: dict[Expr, Expr]) -> tuple[Store, ...
 def _step_cost(loads: Sequence[Expr], r: Expr) -> int:
     """How far the loads that depend on ``r`` jump per step of ``r``, summed (a non-affine index: far)."""
     far = 1 << 40
-    return sum(far if (c := _coef(ld.srcs[0], r)) is None else abs(c) for ld in loads if r in ld.ranges)
+    return sum(far if (c := ir.affine_coefficient(ld.srcs[0], r)) is None else abs(c) for ld in loads if r in ld.ranges)
 
 
 def order_reduce_ranges(k: Kernel) -> Kernel:
@@ -555,7 +662,7 @@ def needs_wide_acc(root: Block, geom: Geometry) -> bool:
 # entry points
 
 
-def _segments(k: Kernel, info: DeviceInfo) -> Kernel | None:
+def _segments(k: Kernel, info: DeviceInfo, threads: int = THREADS_PER_BLOCK) -> Kernel | None:
     """A kernel without reduces or scans whose loop ``opt.split_segments`` splits (cat's pieces, pad's bounds):
     one grid-stride loop per segment in one launch, all with the same block (the largest any segment wants)."""
     if k.reduces() or k.scan_ranges():
@@ -564,27 +671,67 @@ def _segments(k: Kernel, info: DeviceInfo) -> Kernel | None:
     if len(parts) == 1:
         return None
     parts = [replace(opt.merge_loops(opt.drop_unit_loops(p)), meta={}) for p in parts]
-    geoms = [_thread_geometry(p, info) for p in parts]
+    geoms = [_thread_geometry(p, info, threads) for p in parts]
     block = max(g.block for g in geoms)
     for p, g in zip(parts, geoms):
         p.meta[META_KEY] = replace(g, block=block, grid=_grid(g.items, block[0], info))
     return replace(parts[0], then=tuple(parts[1:]))
 
 
-def optimize(k: Kernel, info: DeviceInfo) -> Kernel:
-    """Normalize loops, choose the geometry, attach it as ``meta["gpu"]`` (and set ``wide_acc`` if needed)."""
+def _normalize(k: Kernel) -> Kernel:
     k = opt.drop_unit_loops(k)
     # host annotations (parallel loops, SIMD, split or vector accumulators) do not apply: a fresh meta dict
-    k = replace(k, parallel=0, vector=False, split_reduce=False, wide_acc=False, meta={}, then=())
-    seg = _segments(k, info)
+    return replace(k, parallel=0, vector=False, split_reduce=False, wide_acc=False, meta={}, then=())
+
+
+def optimize(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Kernel:
+    """Normalize loops, choose the geometry, attach it as ``meta["gpu"]`` (and set ``wide_acc`` if needed).
+    ``params`` (names from ``search_space``; a missing name takes the heuristic's choice) override the
+    heuristics; every candidate computes the same values up to the order of a reduce's terms."""
+    p = params or {}
+    k = _normalize(k)
+    seg = _segments(k, info, p.get("threads", THREADS_PER_BLOCK))
     if seg is not None:
         return seg
     k = order_output_loops(order_reduce_ranges(opt.merge_loops(k)))
-    geom = plan(k, info)
+    geom = plan(k, info, p)
     k.meta[META_KEY] = geom
     if geom.strategy != "mma" and needs_wide_acc(linearize(k), geom):  # tensor cores accumulate in float32
         k = replace(k, wide_acc=True)  # the meta dict (with the geometry) is shared, which is fine: same loops
     return k
+
+
+THREADS_CHOICES = (256, 128, 512, 64, 1024)  # thread-strategy block sizes worth timing
+ELEMS_CHOICES = (8, 4, 16, 32)  # reduce elements per thread of a cooperative layout (group, columns)
+WARPS_CHOICES = (8, 2, 4, 16)  # warps per block of a warp-mode group layout
+
+
+def search_space(k: Kernel, info: DeviceInfo) -> dict[str, tuple[int, ...]]:
+    """The geometry's tunable parameters for ``k`` and the values worth timing, the heuristic's first: the strategy
+    (indices into ``STRATEGIES``, only the legal ones, listed only when there is a choice) and the sizes that the
+    kernel's possible strategies read. Values past the device's block limit are left out; every candidate is a
+    correct kernel (a value a strategy cannot use leaves it as the heuristic makes it, which renders the same)."""
+    p: dict[str, tuple[int, ...]] = {}
+    limit = max(info.max_local_threads, WARP)
+    threads = tuple(t for t in THREADS_CHOICES if t <= limit)
+    k = _normalize(k)
+    if _segments(k, info) is not None:
+        return {"threads": threads}
+    k = order_output_loops(order_reduce_ranges(opt.merge_loops(k)))
+    chosen, legal = _choices(k, info, linearize(k), {})
+    if len(legal) > 1:
+        order = [chosen] + [s for s in STRATEGIES if s in legal and s != chosen]
+        p["strategy"] = tuple(STRATEGIES.index(s) for s in order)
+    if "thread" in legal:
+        p["threads"] = threads
+    if "group" in legal or "columns" in legal:
+        p["elems_per_thread"] = ELEMS_CHOICES
+    if "group" in legal:
+        p["warps_per_block"] = tuple(w for w in WARPS_CHOICES if w * WARP <= limit)
+    if "mma" in legal:
+        first = MMA_TILES.index(legal["mma"].tile)
+        p["mma_tile"] = (first,) + tuple(i for i in mma_tiles(info) if i != first)
+    return p
 
 
 def geometry(k: Kernel) -> Geometry:
@@ -595,7 +742,9 @@ def geometry(k: Kernel) -> Geometry:
     return geom
 
 
-__all__ = ["Contraction", "Geometry", "META_KEY", "access_sectors", "coalesced_across", "find_contraction",
-           "flatten_count", "geometry", "lane_strides",
+__all__ = ["Contraction", "Geometry", "META_KEY", "MMA_TILES", "MmaTile", "access_sectors", "coalesced_across",
+           "find_contraction", "flatten_count", "geometry", "lane_strides", "mma_fill_order", "mma_tiles",
+           "mma_vector_fill",
            "optimize", "order_output_loops", "order_reduce_ranges", "output_blocks", "output_loops", "plan",
-           "reduce_chain", "reduce_depths", "reduce_loads", "reference_info", "serial_lengths"]
+           "reduce_chain", "reduce_depths", "reduce_loads", "reference_info", "search_space", "serial_lengths",
+           "STRATEGIES"]

@@ -8,9 +8,10 @@ reduce identities and updates are the host's, so both targets compute the same t
   register type. The launch geometry (``gpu.Geometry``) decides the loop structure; the renderer follows it:
   ``thread`` / ``segments`` grid-stride loops, ``group`` (shuffles, a shared exchange across warps), ``columns``
   (``threadIdx.x`` along the outputs, ``threadIdx.y`` splitting the reduce, partials combined in
-  ``__shared__ acc_sh[TY][TX]``) and ``mma`` (``mma.sync.m16n8k16`` as inline PTX under ``__CUDA_ARCH__ >= 800``,
-  with a portable branch that exchanges the same fragment registers by ``__shfl_sync``, so the emulator checks
-  the fragment layout and indexing).
+  ``__shared__ acc_sh[TY][TX]``) and ``mma`` (operand tiles staged in ``__shared__ zsa`` / ``zsb`` by the whole
+  block, fragments read from them, ``mma.sync.m16n8k16`` as inline PTX under ``__CUDA_ARCH__ >= 800``, with a
+  portable branch that exchanges the same fragment registers by ``__shfl_sync``, so the emulator checks the
+  shared layout, the fragment layout and the indexing).
 - float16 / bfloat16: stored as 16-bit patterns (``unsigned short``), computed in ``float`` registers and rounded
   back after every op, exactly as on the host. The conversions are the hardware ``cvt.rn`` instructions via
   inline PTX (what ``cuda_fp16.h`` / ``cuda_bf16.h`` emit) instead of including those headers, which would add
@@ -29,7 +30,7 @@ reduce identities and updates are the host's, so both targets compute the same t
   still the hardware's (saturating) result.
 
 Invariants: the rendered source depends only on the kernel and its geometry; static ``__shared__`` arrays (for
-cross-warp reduces) are declared at the top of the kernel, so ``CudaSource.shared_bytes`` (dynamic shared
+cross-warp reduces and mma tiles) are declared at the top of the kernel, so ``CudaSource.shared_bytes`` (dynamic shared
 memory for the launch) is 0.
 """
 
@@ -305,84 +306,180 @@ class _Writer:
             self.group_frame(root)
 
     def mma_frame(self, root: Block) -> None:
-        """One warp per 16x8 tile of a contraction (see ``gpu``): lane ``zl`` holds A elements (rows ``zr``,
-        ``zr + 8``; k ``2 zt``, ``2 zt + 1``, ``+ 8``), B elements (k as A's, column ``zr``) and accumulators
-        (rows ``zr``, ``zr + 8``; columns ``2 zt``, ``2 zt + 1``), the PTX ``m16n8k16`` fragment layout. On the
-        device ``mma.sync`` multiplies the fragments; elsewhere (``__CUDA_ARCH__`` undefined or below 800) the
-        lanes exchange the same fragment registers with ``__shfl_sync`` and compute the same products."""
-        g, c = self.g, self.g.contraction
-        assert c is not None
+        """One block of ``wm x wn`` warps per ``bm x bn`` output tile (``gpu.MmaTile``), stepping k by ``bk``: the
+        block's threads fill ``zsa[bm][bk/2 + 4]`` (word ``[m][p]`` holds ``a(m, 2p)``, ``a(m, 2p + 1)``) and
+        ``zsb[bn][bk/2 + 4]`` (``b(2p, n)``, ``b(2p + 1, n)``), zero outside the bounds, then each warp reads its
+        fragments from them in the PTX ``m16n8k16`` layout: lane ``zl`` holds A words (rows ``zr``, ``zr + 8``;
+        k-pairs ``zt``, ``zt + 4``), B words (k-pairs as A's, column ``zr``) and accumulators (rows ``zr``,
+        ``zr + 8``; columns ``2 zt``, ``2 zt + 1``). On the device ``mma.sync`` multiplies the fragments; elsewhere
+        (``__CUDA_ARCH__`` undefined or below 800) the lanes exchange the same fragment registers with
+        ``__shfl_sync`` and compute the same products. Every thread reaches every ``__syncthreads`` (the loops
+        over block tiles and k steps are uniform)."""
+        g, c, t = self.g, self.g.contraction, self.g.tile
+        assert c is not None and t is not None
         blocks = gpu.output_blocks(root)
         loops = gpu.output_loops(root)
         size_m, size_n, size_k = c.m.arg[1], c.n.arg[1], c.k.arg[1]
-        tiles_m, tiles_n = -(-size_m // gpu.MMA_M), -(-size_n // gpu.MMA_N)
+        blocks_m, blocks_n = -(-size_m // t.bm), -(-size_n // t.bn)
         batch = [lp for lp in loops if lp.range is not c.m and lp.range is not c.n]
-        w = g.groups_per_block
-        it = index_type(g.items + g.grid[0] * w)
-        self.emit("  ", "const int zl = threadIdx.x, zr = zl >> 2, zt = zl & 3;")
-        self.emit("  ", f"for ({it} zg = ({it})blockIdx.x * {w} + threadIdx.y; zg < {g.items}; "
-                        f"zg += ({it})gridDim.x * {w}) {{")
+        tm, tn, kw = t.tiles_m, t.tiles_n, t.bk // 2
+        wtm, wtn = t.bm // t.wm, t.bn // t.wn
+        threads = t.warps * gpu.WARP
+        it = index_type(g.items + g.grid[0])
+        a_k, b_k = gpu.mma_fill_order(c)
+        a_v, b_v = gpu.mma_vector_fill(c)
+        self.shared.append(f"  __shared__ __align__(16) unsigned int zsa[{t.bm}][{t.row_words(a_k)}];")
+        self.shared.append(f"  __shared__ __align__(16) unsigned int zsb[{t.bn}][{t.row_words(b_k)}];")
+        self.emit("  ", "const int zl = threadIdx.x, zw = threadIdx.y, zr = zl >> 2, zt = zl & 3;")
+        self.emit("  ", f"const int zid = zw * {gpu.WARP} + zl, zwm = zw / {t.wn}, zwn = zw % {t.wn};")
+        self.emit("  ", f"for ({it} zg = ({it})blockIdx.x; zg < {g.items}; zg += ({it})gridDim.x) {{")
         ind = "    "
         if batch:
-            self.emit(ind, f"const {it} zbt = zg / {tiles_m * tiles_n};")
+            self.emit(ind, f"const {it} zbt = zg / {blocks_m * blocks_n};")
             self.decode(batch, "zbt", ind)
-        self.emit(ind, f"const int ztm = (int)((zg / {tiles_n}) % {tiles_m}), ztn = (int)(zg % {tiles_n});")
-        self.emit(ind, "float zc[4] = {0.0f, 0.0f, 0.0f, 0.0f};")
-        self.emit(ind, f"for (int zk = 0; zk < {size_k}; zk += {gpu.MMA_K}) {{")
+        self.emit(ind, f"const int zbm = (int)((zg / {blocks_n}) % {blocks_m}) * {t.bm}, "
+                       f"zbn = (int)(zg % {blocks_n}) * {t.bn};")
+        self.emit(ind, f"float zc[{tm}][{tn}][4];")
+        self.emit(ind, f"for (int zi = 0; zi < {tm}; zi++) for (int zj = 0; zj < {tn}; zj++) "
+                       "for (int zq = 0; zq < 4; zq++) zc[zi][zj][zq] = 0.0f;")
+        self.emit(ind, f"for (int zk = 0; zk < {size_k}; zk += {t.bk}) {{")
         i2 = ind + "  "
-        self.emit(i2, "unsigned int za[4] = {0u, 0u, 0u, 0u}, zb[2] = {0u, 0u};")
-        for j in range(4):
+        self.fill_tile(c.a, "zsa", c.m, "zbm", size_m, t.bm, a_k, a_v, c.k, size_k, kw, threads, i2)
+        self.fill_tile(c.b, "zsb", c.n, "zbn", size_n, t.bn, b_k, b_v, c.k, size_k, kw, threads, i2)
+        self.emit(i2, "__syncthreads();")
+        self.emit(i2, "#pragma unroll")
+        self.emit(i2, f"for (int zp = 0; zp < {kw}; zp += 8) {{")
+        i3 = i2 + "  "
+        self.emit(i3, f"unsigned int za[{tm}][4], zb[{tn}][2];")
+        self.emit(i3, "#pragma unroll")
+        self.emit(i3, f"for (int zi = 0; zi < {tm}; zi++) {{")
+        self.emit(i3, f"  const int zu = zwm * {wtm} + zi * {gpu.MMA_M} + zr;")
+        self.emit(i3, "  za[zi][0] = zsa[zu][zp + zt]; za[zi][1] = zsa[zu + 8][zp + zt];")
+        self.emit(i3, "  za[zi][2] = zsa[zu][zp + zt + 4]; za[zi][3] = zsa[zu + 8][zp + zt + 4];")
+        self.emit(i3, "}")
+        self.emit(i3, "#pragma unroll")
+        self.emit(i3, f"for (int zj = 0; zj < {tn}; zj++) {{")
+        self.emit(i3, f"  const int zv = zwn * {wtn} + zj * {gpu.MMA_N} + zr;")
+        self.emit(i3, "  zb[zj][0] = zsb[zv][zp + zt]; zb[zj][1] = zsb[zv][zp + zt + 4];")
+        self.emit(i3, "}")
+        self.emit(i3, "#pragma unroll")
+        self.emit(i3, f"for (int zi = 0; zi < {tm}; zi++) {{")
+        self.emit(i3, "#pragma unroll")
+        self.emit(i3, f"for (int zj = 0; zj < {tn}; zj++) {{")
+        i4 = i3 + "  "
+        self.mma_step(c.dtype, "zc[zi][zj]", "za[zi]", "zb[zj]", i4)
+        self.emit(i3, "}")
+        self.emit(i3, "}")
+        self.emit(i2, "}")
+        self.emit(i2, "__syncthreads();")
+        self.emit(ind, "}")
+        self.emit(ind, f"for (int zi = 0; zi < {tm}; zi++) for (int zj = 0; zj < {tn}; zj++) "
+                       "for (int zq = 0; zq < 4; zq++) {")
+        i2 = ind + "  "
+        self.emit(i2, f"const int zm = zbm + zwm * {wtm} + zi * {gpu.MMA_M} + zr + 8 * (zq >> 1), "
+                      f"zn = zbn + zwn * {wtn} + zj * {gpu.MMA_N} + zt * 2 + (zq & 1);")
+        self.emit(i2, f"if (zm < {size_m} && zn < {size_n}) {{")
+        i3 = i2 + "  "
+        saved = dict(self.name)
+        self.emit(i3, f"const int {range_name(c.m)} = zm, {range_name(c.n)} = zn;")
+        self.name[c.reduce] = "zc[zi][zj][zq]"
+        for blk in blocks:
+            for st in blk.stmts:
+                if not isinstance(st, Reduce):
+                    self.define(st, i3)
+        for blk in reversed(blocks):
+            self.tail(blk, i3)
+        self.name = saved
+        self.emit(i2, "}")
+        self.emit(ind, "}")
+        self.emit("  ", "}")
+
+    def fill_tile(self, u: Expr, arr: str, r: Expr, base: str, size: int, rows: int, k_first: bool, vector: bool,
+                  kr: Expr, size_k: int, kw: int, threads: int, ind: str) -> None:
+        """The block's threads write ``arr[rows][kw + pad]``: word ``[i][p]`` = ``u`` at (``r = base + i``,
+        ``k = zk + 2p``) in its low half and ``k + 1`` in its high half (zero outside the bounds). Adjacent threads
+        take adjacent k-pairs (``k_first``) or adjacent rows. With ``vector`` (``gpu.mma_vector_fill``) a thread
+        reads 8 adjacent elements along that axis with one 16-byte load: 4 words of a row (``k_first``), or 8
+        rows at ``k`` and at ``k + 1``, interleaved into one word per row."""
+        v = gpu.VECTOR
+        per = (kw // (v // 2), rows) if k_first else (rows // v, kw)
+        if not vector:
+            per = (kw, rows) if k_first else (rows, kw)
+        total = per[0] * per[1]
+        trips = -(-total // threads)
+        self.emit(ind, "#pragma unroll")
+        self.emit(ind, f"for (int zf = 0; zf < {trips}; zf++) {{")
+        i2 = ind + "  "
+        self.emit(i2, f"const int zo = zid + zf * {threads};")
+        if total % threads:
+            self.emit(i2, f"if (zo < {total}) {{")
+            i2 += "  "
+        if k_first:  # zu: row, zv: k-pair (or k-octet)
+            self.emit(i2, f"const int zu = zo / {per[0]}, zv = zo % {per[0]};")
+        else:  # zu: row (or row octet), zv: k-pair
+            self.emit(i2, f"const int zu = zo % {per[0]}, zv = zo / {per[0]};")
+        if not vector:
+            self.emit(i2, "unsigned int zx = 0u;")
             for h in range(2):
-                row = f"ztm * {gpu.MMA_M} + zr + {8 * (j & 1)}"
-                col = f"zk + zt * 2 + {8 * (j >> 1) + h}"
-                self.fragment_bits(c.a, {c.m: (row, size_m), c.k: (col, size_k)}, f"za[{j}]", 16 * h, i2)
-        for j in range(2):
-            for h in range(2):
-                kk = f"zk + zt * 2 + {8 * j + h}"
-                col = f"ztn * {gpu.MMA_N} + zr"
-                self.fragment_bits(c.b, {c.k: (kk, size_k), c.n: (col, size_n)}, f"zb[{j}]", 16 * h, i2)
-        ty = "f16" if c.dtype is dtypes.float16 else "bf16"
-        cvt = f"zyx_{c.dtype.name}_to_f32"
+                self.fragment_bits(u, {r: (f"{base} + zu", size), kr: (f"zk + 2 * zv + {h}", size_k)}, "zx", 16 * h,
+                                   i2)
+            self.emit(i2, f"{arr}[zu][zv] = zx;")
+        elif k_first:
+            self.emit(i2, "uint4 zx = make_uint4(0u, 0u, 0u, 0u);")
+            self.vector_load(u, {r: (f"{base} + zu", size), kr: (f"zk + {v} * zv", size_k)}, "zx", i2)
+            self.emit(i2, f"*(uint4*)&{arr}[zu][{v // 2} * zv] = zx;")
+        else:
+            self.emit(i2, "uint4 zx = make_uint4(0u, 0u, 0u, 0u), zy = make_uint4(0u, 0u, 0u, 0u);")
+            for h, reg in ((0, "zx"), (1, "zy")):
+                self.vector_load(u, {r: (f"{base} + {v} * zu", size), kr: (f"zk + 2 * zv + {h}", size_k)}, reg, i2)
+            for j, f in enumerate("xyzw"):
+                self.emit(i2, f"{arr}[{v} * zu + {2 * j}][zv] = (zx.{f} & 0xffffu) | (zy.{f} << 16); "
+                              f"{arr}[{v} * zu + {2 * j + 1}][zv] = (zx.{f} >> 16) | (zy.{f} & 0xffff0000u);")
+        if total % threads:
+            self.emit(ind + "  ", "}")
+        self.emit(ind, "}")
+
+    def vector_load(self, u: Expr, at: dict[Expr, tuple[str, int]], reg: str, ind: str) -> None:
+        """``reg = `` the 16 bytes of the plain load ``u``'s buffer from its index at the range values ``at``
+        (C expression, size per range; left as is when one is out of bounds)."""
+        self.emit(ind, "{")
+        i2 = ind + "  "
+        inb = " && ".join(f"({x}) < {n}" for x, n in at.values())
+        for rr, (x, n) in at.items():
+            self.emit(i2, f"const int {range_name(rr)} = ({x}) < {n} ? ({x}) : {n - 1};")
+        saved = dict(self.name)
+        for e in ir.toposort([u.srcs[0]]):
+            if e.op not in (Ops.CONST, Ops.RANGE):
+                self.define(e, i2)
+        self.emit(i2, f"if ({inb}) {reg} = *(const uint4*)(p{u.arg} + {self.value(u.srcs[0])});")
+        self.name = saved
+        self.emit(ind, "}")
+
+    def mma_step(self, dtype: DType, acc: str, a: str, b: str, ind: str) -> None:
+        """``acc[0..3] += a-fragment x b-fragment`` for one ``m16n8k16`` tile: ``mma.sync`` on sm_80+, else the
+        same products from the fragment registers exchanged by ``__shfl_sync`` (uniform across the warp)."""
+        ty = "f16" if dtype is dtypes.float16 else "bf16"
+        cvt = f"zyx_{dtype.name}_to_f32"
         self.lines.extend([
             "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800",
-            f'{i2}asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{%0, %1, %2, %3}}, '
+            f'{ind}asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{%0, %1, %2, %3}}, '
             '{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"',
-            f'{i2}    : "+f"(zc[0]), "+f"(zc[1]), "+f"(zc[2]), "+f"(zc[3])',
-            f'{i2}    : "r"(za[0]), "r"(za[1]), "r"(za[2]), "r"(za[3]), "r"(zb[0]), "r"(zb[1]));',
+            f'{ind}    : "+f"({acc}[0]), "+f"({acc}[1]), "+f"({acc}[2]), "+f"({acc}[3])',
+            f'{ind}    : "r"({a}[0]), "r"({a}[1]), "r"({a}[2]), "r"({a}[3]), "r"({b}[0]), "r"({b}[1]));',
             "#else",
-            f"{i2}for (int zq = 0; zq < 16; zq++) {{",
-            f"{i2}  const int zh = zq >> 3, zs = (zq & 7) >> 1, zsh = (zq & 1) * 16;",
-            f"{i2}  const unsigned int zal = __shfl_sync({FULL_MASK}, za[2 * zh], zr * 4 + zs);",
-            f"{i2}  const unsigned int zah = __shfl_sync({FULL_MASK}, za[2 * zh + 1], zr * 4 + zs);",
-            f"{i2}  const unsigned int zb0 = __shfl_sync({FULL_MASK}, zb[zh], zt * 8 + zs);",
-            f"{i2}  const unsigned int zb1 = __shfl_sync({FULL_MASK}, zb[zh], zt * 8 + 4 + zs);",
-            f"{i2}  const float zx0 = {cvt}((unsigned short)(zal >> zsh)), zx1 = {cvt}((unsigned short)(zah >> zsh));",
-            f"{i2}  const float zy0 = {cvt}((unsigned short)(zb0 >> zsh)), zy1 = {cvt}((unsigned short)(zb1 >> zsh));",
-            f"{i2}  zc[0] = fmaf(zx0, zy0, zc[0]); zc[1] = fmaf(zx0, zy1, zc[1]);",
-            f"{i2}  zc[2] = fmaf(zx1, zy0, zc[2]); zc[3] = fmaf(zx1, zy1, zc[3]);",
-            f"{i2}}}",
+            f"{ind}for (int zq = 0; zq < 16; zq++) {{",
+            f"{ind}  const int zh = zq >> 3, zs = (zq & 7) >> 1, zsh = (zq & 1) * 16;",
+            f"{ind}  const unsigned int zal = __shfl_sync({FULL_MASK}, {a}[2 * zh], zr * 4 + zs);",
+            f"{ind}  const unsigned int zah = __shfl_sync({FULL_MASK}, {a}[2 * zh + 1], zr * 4 + zs);",
+            f"{ind}  const unsigned int zb0 = __shfl_sync({FULL_MASK}, {b}[zh], zt * 8 + zs);",
+            f"{ind}  const unsigned int zb1 = __shfl_sync({FULL_MASK}, {b}[zh], zt * 8 + 4 + zs);",
+            f"{ind}  const float zx0 = {cvt}((unsigned short)(zal >> zsh)), zx1 = {cvt}((unsigned short)(zah >> zsh));",
+            f"{ind}  const float zy0 = {cvt}((unsigned short)(zb0 >> zsh)), zy1 = {cvt}((unsigned short)(zb1 >> zsh));",
+            f"{ind}  {acc}[0] = fmaf(zx0, zy0, {acc}[0]); {acc}[1] = fmaf(zx0, zy1, {acc}[1]);",
+            f"{ind}  {acc}[2] = fmaf(zx1, zy0, {acc}[2]); {acc}[3] = fmaf(zx1, zy1, {acc}[3]);",
+            f"{ind}}}",
             "#endif",
         ])
-        self.emit(ind, "}")
-        for i in range(4):
-            self.emit(ind, "{")
-            self.emit(i2, f"const int zm = ztm * {gpu.MMA_M} + zr + {8 * (i >> 1)}, "
-                          f"zn = ztn * {gpu.MMA_N} + zt * 2 + {i & 1};")
-            self.emit(i2, f"if (zm < {size_m} && zn < {size_n}) {{")
-            i3 = i2 + "  "
-            saved = dict(self.name)
-            self.emit(i3, f"const int {range_name(c.m)} = zm, {range_name(c.n)} = zn;")
-            self.name[c.reduce] = f"zc[{i}]"
-            for blk in blocks:
-                for st in blk.stmts:
-                    if not isinstance(st, Reduce):
-                        self.define(st, i3)
-            for blk in reversed(blocks):
-                self.tail(blk, i3)
-            self.name = saved
-            self.emit(i2, "}")
-            self.emit(ind, "}")
-        self.emit("  ", "}")
 
     def fragment_bits(self, u: Expr, at: dict[Expr, tuple[str, int]], reg: str, shift: int, ind: str) -> None:
         """OR the 16-bit pattern of ``u`` at the range values ``at`` (C expression, size per range; zero when one
@@ -551,7 +648,7 @@ class _Writer:
     def open_acc(self, e: Expr, ind: str) -> tuple[str, str, bool]:
         acc = self.fresh("acc")
         at = self.r.acc_type(e, self.k)
-        nan = e.arg[0] in (Ops.MAX, Ops.MIN) and e.dtype.is_float
+        nan = self.r.tracks_nan(e)
         self.emit(ind, f"{at} {acc} = {self.r.identity(e.arg[0], e, at)};")
         if nan:
             self.emit(ind, f"int {acc}_nan = 0;")
@@ -559,10 +656,7 @@ class _Writer:
         return acc, at, nan
 
     def close_acc(self, e: Expr, acc: str, at: str, nan: bool, ind: str) -> None:
-        fin = acc
-        if nan:
-            nan_lit = self.r.literal(math.nan, dtypes.float64 if at == "double" else dtypes.float32)
-            fin = f"({acc}_nan ? {nan_lit} : {acc})"
+        fin = self.r.nan_result(acc, at) if nan else acc
         v = self.fresh("v")
         rt = self.r.reg_type(e.dtype)
         self.emit(ind, f"const {rt} {v} = ({rt})({fin});")

@@ -7,6 +7,8 @@ Invariants:
 - ``launch`` checks the argument count here (a bug surfaces at the call) and is otherwise asynchronous: it joins the
   worker's window; its errors surface at the next sync point naming the kernel. ``launch_timed`` drains first and
   times the launch alone with timing events. ``release`` unloads the module once its queued launches completed.
+- With autotuning on (``zyx.backends.autotune``), ``compile`` takes the geometry's parameters from the tuner (cached, or
+  searched with ``launch_timed`` on scratch buffers); off, ``gpu.optimize``'s heuristics choose.
 - ``info()`` comes from the device attributes; the bandwidth and tensor-core peaks feed the cost model (measured
   values for the H200 the project targets, estimates from clocks and SM counts elsewhere).
 """
@@ -15,10 +17,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from zyx import dtypes, utils
+from zyx.backends import autotune
 from zyx.backends.base import BackendError, Device, DeviceInfo, ErrorStatus, ProgramId
 from zyx.backends.cuda.args import KernelSpec, scalar_format
 from zyx.backends.cuda.pool import CudaPool
@@ -97,6 +100,7 @@ class CudaDevice(Device):
         self._kinds: dict[int, tuple[str, ...]] = {}
         self._names: dict[int, str] = {}
         self._library: set[int] = set()
+        self._identity: str | None = None
         self._cudnn: Any = None
         if cudnn:
             from zyx.backends.cuda.cudnn import CudnnMatmul
@@ -128,17 +132,52 @@ class CudaDevice(Device):
     def compile(self, kernel: Any) -> ProgramId:
         if utils.KERNEL_LOG is not None:
             utils.KERNEL_LOG.append(kernel)
+        params = None
+        if autotune.active():
+            self._nvrtc_or_raise(kernel)
+            params = autotune.tuned_params(self, kernel)
+        return self.compile_candidate(kernel, params)[0]
+
+    def _nvrtc_or_raise(self, kernel: Any) -> Any:
         gpu, renderer, nvrtc = self._codegen()
         reason = nvrtc.available()
         if reason is not None:
             raise BackendError(ErrorStatus.COMPILATION, f"{self.name}: cannot compile {kernel.name}: NVRTC "
                                f"unavailable: {reason}")
-        k = gpu.optimize(kernel, self._info)
+        return gpu, renderer, nvrtc
+
+    # ---- autotuning (``autotune.Tunable``) ---------------------------------------------------------------------------
+    def tuning_space(self, kernel: Any) -> dict[str, tuple[int, ...]]:
+        gpu, _, _ = self._codegen()
+        return gpu.search_space(kernel, self._info)
+
+    def tuning_identity(self) -> str:
+        """What makes this GPU's timings comparable: its info, exact sm, NVRTC and driver versions."""
+        if self._identity is None:
+            _, _, nvrtc = self._codegen()
+            try:
+                driver = self.worker.drv.driver_version()
+            except Exception:  # noqa: BLE001 - a driver without the call: the rest still names it
+                driver = 0
+            self._identity = "|".join(str(x) for x in ("cuda", autotune.info_identity(self._info), self.arch,
+                                                        nvrtc.nvrtc_version(), driver,
+                                                        getattr(self.worker.drv, "note", "")))
+        return self._identity
+
+    def render_candidate(self, kernel: Any, params: Mapping[str, int]) -> str:
+        gpu, renderer, _ = self._codegen()
+        return renderer.render(gpu.optimize(kernel, self._info, params)).source
+
+    def compile_candidate(self, kernel: Any, params: Mapping[str, int] | None) -> tuple[ProgramId, bool]:
+        """The program of ``kernel`` under the geometry's ``params`` (never tuned) and whether this call created
+        it."""
+        gpu, renderer, nvrtc = self._nvrtc_or_raise(kernel)
+        k = gpu.optimize(kernel, self._info, params)
         src = renderer.render(k)
         with self._lock:
             pid = self._by_source.get(src.source)
         if pid is not None:
-            return pid
+            return pid, False
         if debug_on("ir"):
             log("ir", f"{self.name} {k.name}: grid={src.grid} block={src.block} shared={src.shared_bytes}")
         if debug_on("asm"):
@@ -171,8 +210,8 @@ class CudaDevice(Device):
                 self._names[pid] = src.name
         if existing is not None:  # another thread compiled the same source meanwhile
             self.worker.release_program(pid)
-            return existing
-        return pid
+            return existing, False
+        return pid, True
 
     def compile_source(self, source: str, spec: KernelSpec) -> ProgramId:
         """Compile raw CUDA C (an ``extern "C" __global__`` function named ``spec.name``) for this GPU's exact sm and

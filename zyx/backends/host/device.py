@@ -1,13 +1,19 @@
-"""Host device: kernel IR → C (+ OpenMP) → system compiler → ctypes. Launches run synchronously."""
+"""Host device: kernel IR → C (+ OpenMP) → system compiler → ctypes. Launches run synchronously.
+
+With autotuning on (``zyx.backends.autotune``), ``compile`` first asks the tuner for the passes' parameters
+(cached, or searched by timing candidates on scratch buffers); off, the heuristics choose."""
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
+import platform
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from zyx import dtypes, utils
+from zyx.backends import autotune
 from zyx.backends.base import BackendError, Device, DeviceInfo, ErrorStatus, ProgramId
 from zyx.backends.host.compiler import CCompiler
 from zyx.backends.host.pool import HostPool
@@ -34,6 +40,19 @@ def cpu_count() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - non-Linux
         return os.cpu_count() or 1
+
+
+@functools.cache
+def _cpu_model() -> str:
+    """The CPU's model name (timings are only comparable on the same model); "" when unknown."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
 
 
 class _Program:
@@ -84,16 +103,33 @@ class HostDevice(Device):
     def pool(self) -> HostPool:
         return self._pool
 
-    def render(self, kernel: Kernel) -> str:
-        return self.renderer.render(opt.optimize(kernel, self._info))
+    def render(self, kernel: Kernel, params: Mapping[str, int] | None = None) -> str:
+        """The C source of ``kernel`` under the passes' ``params`` (None: the heuristics)."""
+        return self.renderer.render(opt.optimize(kernel, self._info, params))
 
     def compile(self, kernel: Kernel) -> ProgramId:
         if utils.KERNEL_LOG is not None:
             utils.KERNEL_LOG.append(kernel)
-        src = self.render(kernel)
+        params = autotune.tuned_params(self, kernel) if autotune.active() else None
+        return self.compile_candidate(kernel, params)[0]
+
+    # ---- autotuning (``autotune.Tunable``) ---------------------------------------------------------------------------
+    def tuning_space(self, kernel: Kernel) -> dict[str, tuple[int, ...]]:
+        return opt.search_space(kernel, self._info)
+
+    def tuning_identity(self) -> str:
+        return "|".join(("host", autotune.info_identity(self._info), self.compiler.cc, self.compiler.version,
+                         " ".join(self.compiler.flags), platform.machine(), _cpu_model(), str(self.threads)))
+
+    def render_candidate(self, kernel: Kernel, params: Mapping[str, int]) -> str:
+        return self.render(kernel, params)
+
+    def compile_candidate(self, kernel: Kernel, params: Mapping[str, int] | None) -> tuple[ProgramId, bool]:
+        """The program of ``kernel`` under ``params`` (never tuned) and whether this call created it."""
+        src = self.render(kernel, params)
         pid = self._by_source.get(src)
         if pid is not None:
-            return pid
+            return pid, False
         if debug_on("ir"):
             log("ir", f"{kernel.name}: loops={kernel.loops} stores={kernel.stores}")
         if debug_on("asm"):
@@ -111,7 +147,7 @@ class HostDevice(Device):
         self._next += 1
         self._programs[pid] = _Program(fn, kernel, lib, src)
         self._by_source[src] = pid
-        return pid
+        return pid, True
 
     def source(self, program: ProgramId) -> str:
         return self._programs[program].source
