@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from zyx.graph.match import BiasAdd, Matmul, match_bias_add, match_matmul
 from zyx.graph.match_attention import Attention, match_attention
@@ -66,11 +66,18 @@ class Graph:
         c.nodes.append(Node(Op.KERNEL, tuple(kernel.inputs), kernel))
 
 
-def default_cost(compute_units: Callable[[str], int]) -> CostFn:
-    """Time estimate (ns) of computing one node: library kernels carry their own; generated work is counted
-    per element and operation, spread over the device's compute units."""
+def default_cost(compute_units: Callable[[str], int],
+                 measured: Mapping[tuple[int, int], float] | None = None) -> CostFn:
+    """Time (ns) of computing one node: measured (``measured[(id(class), id(node))]``, from autotuning) where
+    known, else estimated: library kernels carry their own estimate; generated work is counted per element and
+    operation, spread over the device's compute units."""
+    measured = measured or {}
 
     def cost(c: Class, n: Node) -> float:
+        if measured:
+            t = measured.get((id(c), id(n)))
+            if t is not None:
+                return t
         if n.op is Op.KERNEL:
             return n.arg.est_ns
         if n.op in ELEMENTWISE:
@@ -79,6 +86,7 @@ def default_cost(compute_units: Callable[[str], int]) -> CostFn:
             return n.srcs[0].numel * GENERATED_NS_PER_ELEMENT / compute_units(c.device)
         return 0.0
 
+    cost.measured = measured
     return cost
 
 
@@ -134,7 +142,7 @@ def extract(outputs: list[Class], cost: CostFn, exhaustive_limit: int = EXHAUSTI
             frontier.extend(n.srcs)
     if not choosable:
         return base
-    cost = _memoized(cost)
+    raw_cost, cost = cost, _memoized(cost)
     space = math.prod(len(c.nodes) for c in choosable)
     if space <= exhaustive_limit and space * len(seen) <= SEARCH_VISITS:
         best, best_cost = None, math.inf
@@ -149,7 +157,9 @@ def extract(outputs: list[Class], cost: CostFn, exhaustive_limit: int = EXHAUSTI
                                    max(MIN_SEARCH_BUDGET, SEARCH_VISITS // len(seen)))
     if debug_on("sched"):
         for c in choosable:
-            alts = ", ".join(f"{_label(n)}={cost(c, n) / 1e3:.1f}us" for n in c.nodes)
+            known = getattr(raw_cost, "measured", {})
+            alts = ", ".join(f"{_label(n)}={cost(c, n) / 1e3:.1f}us "
+                             f"{'measured' if (id(c), id(n)) in known else 'estimated'}" for n in c.nodes)
             log("sched", f"{c!r}: chose {_label(result[id(c)])} among [{alts}]")
     return result
 

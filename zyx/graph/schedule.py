@@ -16,10 +16,13 @@ from __future__ import annotations
 import functools
 import itertools
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from zyx.backends import autotune
 from zyx.backends.base import Device, Pool
 from zyx.backends.registry import registry
+from zyx.graph import measure
 from zyx.graph.extract import Graph, default_cost, extract, needed
 from zyx.graph.fuse import fuse
 from zyx.graph.node import Buffer, Class, LibraryKernel, Op
@@ -127,13 +130,20 @@ def walk(outputs: list[Class]) -> tuple[list[Class], list[Class], tuple]:
     return order, leaves, tuple(parts)
 
 
-def plan(order: list[Class], leaves: list[Class], outputs: list[Class]) -> Plan:
+def plan(order: list[Class], leaves: list[Class], outputs: list[Class], match: bool = True) -> Plan:
+    """The plan computing ``outputs``: devices add library alternatives (unless ``match`` is false: generated
+    kernels only), extraction chooses (by measured times where autotuning measured them), fusion cuts kernels."""
     reg = registry()
     graph = Graph(order, outputs)
-    for name in sorted({c.device for c in order}):
-        for dev in reg.get(name).devices:
-            dev.match_graph(graph, outputs)
-    chosen = extract(outputs, default_cost(lambda name: reg.get(name).primary.info().compute_units))
+    measured = {}
+    if match:
+        for name in sorted({c.device for c in order}):
+            for dev in reg.get(name).devices:
+                dev.match_graph(graph, outputs)
+        if autotune.active():
+            measured = measure.matmul_costs(graph.matmuls(), lambda name: reg.get(name).pool,
+                                            lambda name: _device_key(reg.get(name).primary), _generated_timer)
+    chosen = extract(outputs, default_cost(lambda name: reg.get(name).primary.info().compute_units, measured))
     if chosen:
         order = needed(outputs, chosen)
     fusion = fuse(order, outputs, chosen)
@@ -190,6 +200,37 @@ def plan(order: list[Class], leaves: list[Class], outputs: list[Class]) -> Plan:
         for st in steps:
             log("sched", f"{st.kind:9s} {st.device:7s} {st.name}")
     return Plan(len(leaves), alloc, steps, release_after, out_slots, len(slot), alias_slots)
+
+
+def _device_key(dev: Device) -> str:
+    info = dev.info()
+    return f"{info.name}/{info.kind}/{info.compute_units}"
+
+
+def _generated_timer(out: Class, leaves: list[Class]) -> tuple[str, Callable[[], float]]:
+    """Plan ``out`` from buffer ``leaves`` with generated kernels only; return their sources' hash and a function
+    timing those kernels (ns: the sum over launches of ``launch_timed``, intermediates allocated once)."""
+    order, walked, _ = walk([out])
+    p = plan(order, walked, [out], match=False)
+    gen = [st for st in p.steps if st.kind == "generated"]
+    name = measure.source_hash(st.dev.source(st.program) if hasattr(st.dev, "source") else repr(st.source)
+                               for st in gen)
+    values = [c.buffer for c in walked]
+
+    def time_plan() -> float:
+        table: list = [None] * p.n_slots
+        table[:p.n_leaves] = values
+        for s_, pool, device, nbytes in p.alloc:
+            table[s_] = Buffer(pool, pool.allocate(nbytes), nbytes, device)
+        _resolve_aliases(p.aliases, table)
+
+        def run() -> int:
+            return sum(st.dev.launch_timed(st.program, [a.id if isinstance(a, Buffer) else a for a in
+                                                       map(table.__getitem__, st.args)]) for st in gen)
+
+        return measure.least_ns(run)
+
+    return name, time_plan
 
 
 def get_plan(outputs: list[Class]) -> tuple[Plan | None, list[Class], list[Class]]:

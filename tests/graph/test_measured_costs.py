@@ -1,0 +1,98 @@
+"""Extraction by measured time (autotune on): a matmul's library and generated alternatives are timed on
+scratch inputs, kept on disk, and decide the choice; off by default."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import zyx
+from zyx import utils
+from zyx.backends.registry import registry
+from zyx.graph import measure, schedule
+
+
+@pytest.fixture
+def autotune(monkeypatch, tmp_path):
+    """Autotuning on, a private measurement file, no cached plans; gives the store."""
+    if not any(d.info().kind == "blas" for d in registry().get("host").devices):
+        pytest.skip("no BLAS library on the host: no library alternative to measure")
+    monkeypatch.setitem(registry().config["autotune"], "enabled", True)
+    store = measure.MeasuredCosts(tmp_path / "measured.json")
+    monkeypatch.setattr(measure, "STORE", store)
+    schedule.clear_cache()
+    yield store
+    schedule.clear_cache()
+
+
+def _operands(n: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    a, b = rng.standard_normal((n, n)).astype(np.float32), rng.standard_normal((n, n)).astype(np.float32)
+    return a, b, zyx.Tensor(a).realize(), zyx.Tensor(b).realize()
+
+
+def _kinds(t: zyx.Tensor) -> set[str]:
+    return {s.kind for s in zyx.debug.schedule(t)}
+
+
+def test_off_by_default_nothing_is_timed(monkeypatch):
+    monkeypatch.setitem(registry().config["autotune"], "enabled", False)
+    monkeypatch.delenv("ZYX_AUTOTUNE", raising=False)
+    schedule.clear_cache()
+    a, b, A, B = _operands(48)
+    zyx.debug.reset_stats()
+    np.testing.assert_allclose((A @ B).numpy(), a @ b, rtol=1e-4, atol=1e-4)
+    assert zyx.debug.stats()["measured_alternatives"] == 0
+
+
+def test_both_alternatives_are_timed_once_then_read_from_disk(autotune):
+    a, b, A, B = _operands(64)
+    zyx.debug.reset_stats()
+    np.testing.assert_allclose((A @ B).numpy(), a @ b, rtol=1e-4, atol=1e-4)
+    assert zyx.debug.stats()["measured_alternatives"] == 2
+    saved = json.loads(autotune.path.read_text())
+    assert sorted(k.rsplit("|", 1)[1].split(":")[0] for k in saved) == ["generated", "library"]
+    assert all(v > 0 for v in saved.values())
+    # a new process: plans and the in-memory table forgotten, the file read again
+    schedule.clear_cache()
+    autotune.clear_memory()
+    zyx.debug.reset_stats()
+    np.testing.assert_allclose((A @ B).numpy(), a @ b, rtol=1e-4, atol=1e-4)
+    assert zyx.debug.stats()["measured_alternatives"] == 0
+
+
+@pytest.mark.parametrize("winner", ["generated", "library"])
+def test_the_clock_decides(autotune, winner):
+    a, b, A, B = _operands(40, seed=1)
+    (A @ B).realize()  # fills the table
+    data = json.loads(autotune.path.read_text())
+    for k in data:
+        data[k] = 1.0 if f"|{winner}:" in k else 1e9
+    autotune.path.write_text(json.dumps(data))
+    autotune.clear_memory()
+    schedule.clear_cache()
+    out = A @ B
+    assert _kinds(out) == {winner if winner == "generated" else "library"}
+    np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_sched_debug_names_measured_and_estimated(autotune, monkeypatch, capsys):
+    monkeypatch.setattr(utils, "DEBUG", utils.FLAGS["sched"])
+    a, b, A, B = _operands(32, seed=2)
+    (A @ B).realize()
+    err = capsys.readouterr().err
+    assert "measured mm b() m32 n32 k32" in err and "(estimated " in err
+    assert "generated:reduce=" in err and " measured" in err
+
+
+def test_transposed_and_batched_operands_are_measured_correctly(autotune):
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((3, 24, 16)).astype(np.float32)
+    b = rng.standard_normal((3, 20, 16)).astype(np.float32)
+    A, B = zyx.Tensor(a).realize(), zyx.Tensor(b).realize()
+    zyx.debug.reset_stats()
+    out = A @ B.transpose(-1, -2)
+    np.testing.assert_allclose(out.numpy(), a @ b.transpose(0, 2, 1), rtol=1e-4, atol=1e-4)
+    assert zyx.debug.stats()["measured_alternatives"] == 2
