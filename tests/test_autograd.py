@@ -186,3 +186,57 @@ def test_backward_fuses():
     steps = zyx.debug.schedule(x.grad, y.grad)
     assert [s.kind for s in steps] == ["generated"]  # both gradients in one elementwise kernel
     assert len(zyx.debug.schedule(zyx.Tensor(_r((8, 8)), requires_grad=True).softmax(-1).sum())) <= 2
+
+
+# ---- matmul as one autograd node ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shapes,transpose", [(((5, 7), (7, 3)), (False, False)), (((5, 7), (3, 7)), (False, True)),
+                                              (((7, 5), (7, 3)), (True, False)), (((7, 5), (3, 7)), (True, True)),
+                                              (((2, 4, 6), (2, 6, 3)), (False, False)),
+                                              (((2, 6, 4), (2, 3, 6)), (True, True))])
+def test_matmul_node_gradients_match_torch(shapes, transpose):
+    def f(lib):
+        def g(a, b):
+            a = a.transpose(-1, -2) if transpose[0] else a
+            b = b.transpose(-1, -2) if transpose[1] else b
+            return a @ b
+        return g
+
+    _check(f("zyx"), f("torch"), _r(shapes[0]), _r(shapes[1], seed=2))
+
+
+def test_matmul_node_builds_the_composite_graph_and_a_contiguous_weight_gradient():
+    """``MatMul`` builds the classes of the composite path (so the same kernels); Linear's weight (read as
+    ``weight.T``) gets its gradient in its own layout, not as a transposed view."""
+    from zyx import autograd as F
+    from zyx.graph.node import Op
+
+    x = zyx.Tensor(_r((4, 6)), requires_grad=True)
+    w = zyx.Tensor(_r((3, 6), seed=3), requires_grad=True)
+    fused = x @ w.T
+    with zyx.no_grad():
+        xr, wt = x.reshape(4, 1, 6), w.T.transpose(-1, -2).reshape(1, 3, 6)  # Tensor.matmul's composite
+        composite = (xr * wt).sum(-1)
+    assert fused.cls is composite.cls
+    assert isinstance(fused._ctx, F.MatMul)
+    fused.sum().backward()
+    assert w.grad.cls.op is not Op.PERMUTE or w.grad.cls.realized
+    np.testing.assert_allclose(w.grad.numpy(), np.ones((4, 3), np.float32).T @ x.numpy(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape,axis", [((5, 7), -1), ((5, 7), 0), ((2, 3, 4), 1), ((6,), 0)])
+def test_log_softmax_node_gradients_match_torch(shape, axis):
+    _check(lambda x: x.log_softmax(axis), lambda x: x.log_softmax(axis), _r(shape, -4, 4))
+
+
+def test_log_softmax_node_keeps_infinite_entries_finite_elsewhere():
+    from zyx import autograd as F
+
+    x = np.array([[-np.inf, 0.0, 1.0], [2.0, -np.inf, -np.inf]], np.float32)
+    z = zyx.Tensor(x, requires_grad=True)
+    out = z.log_softmax(-1)
+    assert isinstance(out._ctx, F.LogSoftmax)
+    ref = torch.tensor(x).log_softmax(-1).numpy()
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-6)
+    (out * zyx.Tensor(np.where(np.isinf(x), 0, 1).astype(np.float32))).sum().backward()
+    assert np.isfinite(z.grad.numpy()).all()

@@ -267,6 +267,74 @@ class Mul(Function):
         return (_mul(grad, self.b) if self.needs[0] else None, _mul(grad, self.a) if self.needs[1] else None)
 
 
+def matmul_graph(x: Class, y: Class) -> Class:
+    """``x (*batch, m, k) @ y (*batch, k, n)`` (one dtype, equal batch shapes): the classes ``Tensor.matmul``'s
+    composite path builds (the operands viewed as (*batch, m, 1, k) and (*batch, 1, n, k), multiplied, summed
+    over k), so hash-consing and the matmul matcher see the very same graph."""
+    *batch, m, k = x.shape
+    batch = tuple(batch)
+    nb, n = len(batch), y.shape[-1]
+    full = batch + (m, n, k)
+    xr = g.expand(g.reshape(x, batch + (m, 1, k)), full)
+    yr = g.expand(g.reshape(g.permute(y, tuple(range(nb)) + (nb + 1, nb)), batch + (1, n, k)), full)
+    return g.reshape(g.reduce("add", g.binary(Op.MUL, xr, yr), (nb + 2,)), batch + (m, n))
+
+
+class MatMul(Function):
+    """A float matmul of equal batch shapes as one node: its backward builds the two matmuls ``grad @ y^T`` and
+    ``x^T @ grad`` directly (the composite path records a reshape, permute, expand, multiply and sum node each,
+    and differentiates every one of them)."""
+
+    def forward(self, x, y):
+        self.x, self.y = x, y
+        return matmul_graph(x, y)
+
+    def backward(self, grad):
+        nb = len(grad.shape) - 2
+        swap = tuple(range(nb)) + (nb + 1, nb)
+        x, y = self.x, self.y
+        dx = dy = None
+        # A transposed operand (Linear's weight.T) gets its gradient as the transpose of a matmul in its source's
+        # layout: the permute backward then cancels it, and the gradient is contiguous in the weight's shape.
+        if self.needs[0]:
+            dx = g.permute(matmul_graph(y, g.permute(grad, swap)), swap) if x.op is Op.PERMUTE else \
+                matmul_graph(grad, g.permute(y, swap))
+        if self.needs[1]:
+            dy = g.permute(matmul_graph(g.permute(grad, swap), x), swap) if y.op is Op.PERMUTE else \
+                matmul_graph(g.permute(x, swap), grad)
+        return dx, dy
+
+
+MatMul.direct = matmul_graph
+
+
+def log_softmax_graph(x: Class, axis: int) -> Class:
+    """``x - logsumexp(x, axis)`` as the composite path builds it: the row max (0 where it is infinite) is
+    subtracted before ``exp``, added back after ``log``."""
+    m = g.reduce("max", x, (axis,))
+    m = g.where(g.unary(Op.ISINF, m), g.const(0.0, m.shape, m.dtype, m.device), m)
+    e = g.unary(Op.EXP, g.binary(Op.SUB, x, g.expand(m, x.shape)))
+    lse = g.binary(Op.ADD, g.unary(Op.LOG, g.reduce("add", e, (axis,))), m)
+    return g.binary(Op.SUB, x, g.expand(lse, x.shape))
+
+
+class LogSoftmax(Function):
+    """``log_softmax`` along one axis as one node: backward is ``grad - softmax * sum(grad)`` (the composite
+    path would differentiate its max, where, exp, sum, log and subtractions one by one)."""
+
+    def forward(self, x, axis=-1):
+        self.axis = axis
+        self.out = log_softmax_graph(x, axis)
+        return self.out
+
+    def backward(self, grad):
+        total = g.expand(g.reduce("add", grad, (self.axis,)), grad.shape)
+        return (g.binary(Op.SUB, grad, g.binary(Op.MUL, g.unary(Op.EXP, self.out), total)),)
+
+
+LogSoftmax.direct = staticmethod(lambda x, axis=-1: log_softmax_graph(x, axis))
+
+
 class Div(Function):
     def forward(self, a, b):
         self.a, self.b = a, b

@@ -450,29 +450,60 @@ class Tensor:
         x = self._on_compute()
         return x if x.dtype.is_float else x.cast(dtypes.default_float)
 
+    def _scalar_op(self, o, op: Op, reverse: bool = False) -> Tensor | None:
+        """``self op o`` (``o op self`` when ``reverse``) for a Python float or int ``o`` and a float tensor that
+        records no gradient: the very classes ``_operand`` and ``Function.apply`` would build (an int scalar
+        takes the tensor's float dtype either way), without the operand tensor and the context. None when
+        those conditions do not hold (the general path decides)."""
+        t = type(o)
+        c = self.cls
+        if (t is not float and t is not int) or c.dtype.kind != "f" or c.device == "disk" or \
+                (self.requires_grad and F.grad_enabled()):
+            return None
+        k = g.const(o, c.shape, c.dtype, c.device)
+        return _from_class(g.binary(op, k, c) if reverse else g.binary(op, c, k))
+
     def __add__(self, o):
+        t = self._scalar_op(o, Op.ADD)
+        if t is not None:
+            return t
         a, b = self._operand(o)
         return F.Add.apply(a, b) if a.cls.dtype.kind != "b" else a | b
 
     def __radd__(self, o):
+        t = self._scalar_op(o, Op.ADD, reverse=True)
+        if t is not None:
+            return t
         a, b = self._operand(o, reverse=True)
         return F.Add.apply(a, b) if a.cls.dtype.kind != "b" else a | b
 
     def __sub__(self, o):
+        t = self._scalar_op(o, Op.SUB)
+        if t is not None:
+            return t
         a, b = self._operand(o)
         _no_bool("subtract", a)
         return F.Sub.apply(a, b)
 
     def __rsub__(self, o):
+        t = self._scalar_op(o, Op.SUB, reverse=True)
+        if t is not None:
+            return t
         a, b = self._operand(o, reverse=True)
         _no_bool("subtract", a)
         return F.Sub.apply(a, b)
 
     def __mul__(self, o):
+        t = self._scalar_op(o, Op.MUL)
+        if t is not None:
+            return t
         a, b = self._operand(o)
         return F.Mul.apply(a, b) if a.cls.dtype.kind != "b" else a & b
 
     def __rmul__(self, o):
+        t = self._scalar_op(o, Op.MUL, reverse=True)
+        if t is not None:
+            return t
         a, b = self._operand(o, reverse=True)
         return F.Mul.apply(a, b) if a.cls.dtype.kind != "b" else a & b
 
@@ -693,6 +724,9 @@ class Tensor:
     clamp = clip
 
     def maximum(self, o):
+        t = self._scalar_op(o, Op.MAX)
+        if t is not None:
+            return t
         a, b = self._operand(o)
         return F.Maximum.apply(a, b)
 
@@ -874,7 +908,9 @@ class Tensor:
     def log_softmax(self, axis: int = -1, dim=None):
         axis = _alias(axis, dim)
         x = self._float()
-        return x - x.logsumexp(axis, keepdim=True)
+        if x.ndim == 0:
+            return x - x.logsumexp(axis, keepdim=True)
+        return F.LogSoftmax.apply(x, axis=_norm_axes(axis, x.ndim)[0])
 
     def cumsum(self, axis: int = 0, dim=None, dtype=None):
         """Inclusive running sum along ``axis`` (integers and bool accumulate in 64 bits, as NumPy)."""
@@ -1280,10 +1316,13 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     batch = broadcast_shapes(x.shape[:-2], y.shape[:-2])
     m, k, n = x.shape[-2], x.shape[-1], y.shape[-1]
     acc = dtypes.float32 if d in (dtypes.float16, dtypes.bfloat16) else (dtypes.int64 if d.kind == "b" else d)
-    x = x.cast(acc)._broadcast_to(batch + (m, k)) if x.shape[:-2] != batch else x.cast(acc)
-    y = y.cast(acc)._broadcast_to(batch + (k, n)) if y.shape[:-2] != batch else y.cast(acc)
-    prod = x.reshape(batch + (m, 1, k)) * y.transpose(-1, -2).reshape(batch + (1, n, k))
-    out = prod.sum(-1).cast(d)
+    if acc.is_float and x.dtype is acc and y.dtype is acc and x.shape[:-2] == batch == y.shape[:-2]:
+        out = F.MatMul.apply(x, y)  # the same graph as below, as one autograd node
+    else:
+        x = x.cast(acc)._broadcast_to(batch + (m, k)) if x.shape[:-2] != batch else x.cast(acc)
+        y = y.cast(acc)._broadcast_to(batch + (k, n)) if y.shape[:-2] != batch else y.cast(acc)
+        prod = x.reshape(batch + (m, 1, k)) * y.transpose(-1, -2).reshape(batch + (1, n, k))
+        out = prod.sum(-1).cast(d)
     if a1 and b1:
         return out.reshape(())
     if a1:

@@ -213,3 +213,33 @@ def test_host_launches_reuse_packed_arguments_with_new_values():
         x = _host(np.full(4, float(i + 1)))
         outs.append((x * v + 1.0).numpy())
     np.testing.assert_allclose(outs, [np.full(4, 3.0), np.full(4, 7.0), np.full(4, -2.0)])
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("scalar", [1.5, 2, 0, -0.0, float("nan")])
+def test_scalar_fast_path_builds_the_general_paths_classes(dt, scalar):
+    """``Tensor._scalar_op`` (a Python scalar with a float tensor, no gradient) builds the classes that
+    ``_operand`` + ``Function.apply`` build: hash-consing makes them the very same objects."""
+    x = zyx.Tensor(np.arange(4, dtype=dt) - 1.5, device="host")
+    cases = [(x + scalar, F.Add, False), (scalar + x, F.Add, True), (x - scalar, F.Sub, False),
+             (scalar - x, F.Sub, True), (x * scalar, F.Mul, False), (scalar * x, F.Mul, True),
+             (x.maximum(scalar), F.Maximum, False)]
+    for fast, fn, reverse in cases:
+        a, b = x._operand(scalar, reverse=reverse)
+        assert fast.cls is fn.apply(a, b).cls
+        assert fast.dtype is x.dtype and not fast.requires_grad
+
+
+def test_scalar_fast_path_leaves_gradients_and_other_dtypes_to_the_general_path():
+    w = zyx.Tensor(np.array([1.0, -2.0], np.float32), requires_grad=True)
+    y = (w * 3.0 - 1).maximum(0.0)
+    assert y.requires_grad
+    y.sum().backward()
+    assert w.grad.numpy().tolist() == [3.0, 0.0]
+    with zyx.no_grad():
+        assert not (w * 3.0)._ctx and not (w * 3.0).requires_grad
+    i = zyx.Tensor(np.array([1, 2], np.int32))
+    assert (i * 2).dtype is dtypes.int32 and (i * 2.5).dtype is dtypes.default_float
+    assert (i * 2.5).numpy().tolist() == [2.5, 5.0]
+    b = zyx.Tensor(np.array([True, False]))
+    assert (b + 1).numpy().tolist() == [2, 1]
