@@ -503,3 +503,21 @@ def test_upload_from_the_callers_pinned_buffer_needs_no_staging_and_frees_with_t
         assert worker.call(lambda: dict(worker.pinned)) == {}
     finally:
         pool.release(bid)
+
+
+def test_timed_launch_waits_for_a_fresh_buffers_allocation():
+    """``launch_timed`` on a buffer never used before orders its stream after the buffer's stream-ordered
+    allocation: with a slow allocation stream, the kernel would otherwise write memory not yet mapped (the
+    autotuner's and the extraction's measurements time fresh output buffers)."""
+    m = Machine(delay_us=3000.0)
+    try:
+        prog = m.device.compile_source(AXPB, AXPB_SPEC)
+        x = m.upload(np.arange(N, dtype=np.float32))
+        for _ in range(4):
+            y = m.pool.allocate(N * 4)
+            assert m.device.launch_timed(prog, [x, x, y, 2.0, N]) > 0
+            np.testing.assert_array_equal(m.download(y, np.zeros(N, np.float32)), np.arange(N) * 3)
+            m.pool.release(y)
+        m.device.sync()
+    finally:
+        m.close()

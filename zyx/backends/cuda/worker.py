@@ -1165,6 +1165,10 @@ class Worker:
         w = Window(0, [p.name], set(p.writes))
         stream = self.streams[0]
         try:
+            for b in set(p.reads + p.writes):  # a buffer never used yet: after its stream-ordered allocation
+                buf = self.buffers[b]
+                if buf.ready is not None:
+                    self._first_use(buf, stream)
             drv.event_record(start, stream)
             self._submit(p, 0, stream, w)
             drv.event_record(end, stream)
