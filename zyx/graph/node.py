@@ -14,7 +14,6 @@ Invariants:
 from __future__ import annotations
 
 import enum
-import functools
 import math
 import weakref
 from dataclasses import dataclass
@@ -203,15 +202,30 @@ class Class:
 
 # The hash-cons cache: key -> weak reference to the class. The key is ``(head, *srcs)`` with the head
 # ``(op, karg, dtype, device, shape)`` (the structure key reuses it); it holds the source classes themselves
-# (identity hashing), which the class holds anyway. Each reference's callback pops its own key: it can only run
-# while the entry still holds that very reference (replacing or deleting the entry frees the reference, and a
-# freed reference never calls back), so it never removes a newer class's entry. All of it runs in C: no Python
-# call per node built or freed.
+# (identity hashing), which the class holds anyway. Each reference (``_Ref``) carries its key and its callback
+# pops that key: it can only run while the entry still holds that very reference (replacing or deleting the
+# entry frees the reference, and a freed reference never calls back), so it never removes a newer class's entry.
+# One Python call per class freed, no allocation besides the reference per class built.
 _cache: dict = {}
-_ref = weakref.ref
 _pop = _cache.pop
-_partial = functools.partial
 _CONST, _VAR, _PAD = Op.CONST, Op.VAR, Op.PAD
+
+
+class _Ref(weakref.ref):
+    """A weak reference to a class that knows its cache key (one object per class instead of a reference and
+    a callback partial: graph building allocates fewer objects for the cyclic GC to scan)."""
+
+    __slots__ = ("key",)
+
+
+def _forget(ref: _Ref) -> None:
+    _pop(ref.key, None)
+
+
+def _new_ref(c, key) -> _Ref:
+    r = _Ref(c, _forget)
+    r.key = key
+    return r
 
 
 def _float_key(v):
@@ -241,7 +255,7 @@ def make(op: Op, srcs: tuple[Class, ...], arg, shape: tuple[int, ...], dtype: DT
             return c
     c = Class(shape, dtype, device, Node(op, srcs, arg))
     c.key = key
-    _cache[key] = _ref(c, _partial(_pop, key))
+    _cache[key] = _new_ref(c, key)
     STATS["graph_nodes"] += 1
     return c
 
@@ -258,7 +272,7 @@ def make_const(value, shape: tuple[int, ...], dtype: DType, device: str) -> Clas
             return c
     c = Class(shape, dtype, device, Node(_CONST, (), value))
     c.key = key
-    _cache[key] = _ref(c, _partial(_pop, key))
+    _cache[key] = _new_ref(c, key)
     STATS["graph_nodes"] += 1
     return c
 
