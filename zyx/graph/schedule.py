@@ -203,8 +203,9 @@ def plan(order: list[Class], leaves: list[Class], outputs: list[Class], match: b
 
 
 def _device_key(dev: Device) -> str:
-    info = dev.info()
-    return f"{info.name}/{info.kind}/{info.compute_units}"
+    """What makes a device's timings comparable: the autotuner's identity of it (compiler, driver, model)."""
+    identity = getattr(dev, "tuning_identity", None)
+    return identity() if identity is not None else autotune.info_identity(dev.info())
 
 
 def _generated_timer(out: Class, leaves: list[Class]) -> tuple[str, Callable[[], float]]:
@@ -218,10 +219,7 @@ def _generated_timer(out: Class, leaves: list[Class]) -> tuple[str, Callable[[],
     values = [c.buffer for c in walked]
 
     def time_plan() -> float:
-        table: list = [None] * p.n_slots
-        table[:p.n_leaves] = values
-        for s_, pool, device, nbytes in p.alloc:
-            table[s_] = Buffer(pool, pool.allocate(nbytes), nbytes, device)
+        table = _slot_table(p, values)
         _resolve_aliases(p.aliases, table)
 
         def run() -> int:
@@ -305,10 +303,7 @@ def execute(p: Plan, values: list) -> list[Buffer]:
 
     Every launch is issued before any output buffer is returned; intermediate buffers are released after
     their last use."""
-    table: list = [None] * p.n_slots
-    table[:p.n_leaves] = values
-    for s, pool, device, nbytes in p.alloc:
-        table[s] = Buffer(pool, pool.allocate(nbytes), nbytes, device)
+    table = _slot_table(p, values)
     pending = _resolve_aliases(p.aliases, table)
     if p.batch_device is not None and not pending:  # every step a launch on one device: one batch
         launches = [(st.program, [a.id if isinstance(a, Buffer) else a for a in map(table.__getitem__, st.args)])
@@ -325,6 +320,15 @@ def execute(p: Plan, values: list) -> list[Buffer]:
         for r in rel:
             table[r] = None
     return [table[s] for s in p.outputs]
+
+
+def _slot_table(p: Plan, values: list) -> list:
+    """Plan ``p``'s slots: the leaf ``values`` first, then a fresh buffer for every allocated slot."""
+    table: list = [None] * p.n_slots
+    table[:p.n_leaves] = values
+    for s, pool, device, nbytes in p.alloc:
+        table[s] = Buffer(pool, pool.allocate(nbytes), nbytes, device)
+    return table
 
 
 def _resolve_aliases(aliases: list[tuple[int, int]], table: list) -> list[tuple[int, int]]:
