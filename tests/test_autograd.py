@@ -209,7 +209,7 @@ def test_matmul_node_builds_the_composite_graph_and_a_contiguous_weight_gradient
     """``MatMul`` builds the classes of the composite path (so the same kernels); Linear's weight (read as
     ``weight.T``) gets its gradient in its own layout, not as a transposed view."""
     from zyx import autograd as F
-    from zyx.graph.node import Op
+    from zyx.ops import Ops
 
     x = zyx.Tensor(_r((4, 6)), requires_grad=True)
     w = zyx.Tensor(_r((3, 6), seed=3), requires_grad=True)
@@ -220,7 +220,7 @@ def test_matmul_node_builds_the_composite_graph_and_a_contiguous_weight_gradient
     assert fused.cls is composite.cls
     assert isinstance(fused._ctx, F.MatMul)
     fused.sum().backward()
-    assert w.grad.cls.op is not Op.PERMUTE or w.grad.cls.realized
+    assert w.grad.cls.op is not Ops.PERMUTE or w.grad.cls.realized
     np.testing.assert_allclose(w.grad.numpy(), np.ones((4, 3), np.float32).T @ x.numpy(), rtol=1e-5)
 
 

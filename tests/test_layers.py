@@ -22,11 +22,41 @@ def _zyx_imports(path: Path) -> set[str]:
     return out
 
 
+SHARED_LEAVES = ("zyx.dtypes", "zyx.utils", "zyx.ops")
+ABOVE_BACKENDS = ("zyx.graph", "zyx.tensor", "zyx.autograd", "zyx.backward", "zyx.jit", "zyx.nn", "zyx.optim")
+
+
+def _violations(folder: str, forbidden=None, allowed=None) -> dict[str, list[str]]:
+    out = {}
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        mods = {m for m in _zyx_imports(path) if m != "zyx"}
+        bad = {m for m in mods if (forbidden and m.startswith(forbidden)) or (allowed and not m.startswith(allowed))}
+        if bad:
+            out[str(path.relative_to(ROOT.parent))] = sorted(bad)
+    return out
+
+
 def test_the_kernel_layer_imports_only_itself_and_the_shared_leaves():
-    allowed = ("zyx.kernel", "zyx.dtypes", "zyx.utils")
-    for path in sorted((ROOT / "kernel").glob("*.py")):
-        bad = {m for m in _zyx_imports(path) if m != "zyx" and not m.startswith(allowed)}
-        assert not bad, f"{path.relative_to(ROOT.parent)} imports {sorted(bad)}: the kernel layer must not"
+    assert _violations("kernel", allowed=("zyx.kernel",) + SHARED_LEAVES) == {}
+
+
+def test_backends_import_nothing_from_the_layers_above_them():
+    """Devices see graph classes only through the objects ``match_graph`` hands them (duck-typed)."""
+    assert _violations("backends", forbidden=ABOVE_BACKENDS) == {}
+
+
+def test_the_graph_layer_imports_nothing_from_the_tensor_layer():
+    assert _violations("graph", forbidden=ABOVE_BACKENDS[1:]) == {}
+
+
+def test_the_op_vocabulary_is_a_leaf_and_defined_once():
+    assert _zyx_imports(ROOT / "ops.py") == set()
+    for path in ROOT.rglob("*.py"):
+        if path.name != "ops.py":
+            defined = [n.name for n in ast.walk(ast.parse(path.read_text()))
+                       if isinstance(n, ast.ClassDef) and any(getattr(b, "attr", getattr(b, "id", "")) in
+                                                              ("Enum", "IntEnum") for b in n.bases)]
+            assert not {"Op", "Ops"} & set(defined), f"{path}: a second op enum"
 
 
 def test_no_module_imports_relatively_so_the_check_above_sees_everything():

@@ -17,7 +17,7 @@ import pytest
 import zyx
 from zyx import debug, dtypes
 from zyx.kernel import ir
-from zyx.kernel.ir import Ops
+from zyx.ops import Ops
 
 
 @contextmanager

@@ -16,7 +16,8 @@ import threading
 
 from zyx import dtypes
 from zyx.graph import ops as g
-from zyx.graph.node import Class, Op
+from zyx.graph.node import Class
+from zyx.ops import Ops
 
 _state = threading.local()
 
@@ -111,22 +112,22 @@ def _const_like(x: Class, v) -> Class:
 
 
 def _mul(a: Class, b: Class) -> Class:
-    return g.binary(Op.MUL, a, b)
+    return g.binary(Ops.MUL, a, b)
 
 
 def _div(a: Class, b: Class) -> Class:
-    return g.binary(Op.DIV, a, b)
+    return g.binary(Ops.DIV, a, b)
 
 
 def _neg(a: Class) -> Class:
-    return g.unary(Op.NEG, a)
+    return g.unary(Ops.NEG, a)
 
 
 # ---- unary -----------------------------------------------------------------------------------------------------
 
 
 class Unary(Function):
-    op: Op
+    op: Ops
 
     def forward(self, x: Class) -> Class:
         self.x = x
@@ -135,98 +136,98 @@ class Unary(Function):
 
 
 class Neg(Unary):
-    op = Op.NEG
+    op = Ops.NEG
 
     def backward(self, grad):
         return (_neg(grad),)
 
 
 class Exp(Unary):
-    op = Op.EXP
+    op = Ops.EXP
 
     def backward(self, grad):
         return (_mul(grad, self.y),)
 
 
 class Exp2(Unary):
-    op = Op.EXP2
+    op = Ops.EXP2
 
     def backward(self, grad):
         return (_mul(grad, _mul(self.y, _const_like(self.y, math.log(2)))),)
 
 
 class Log(Unary):
-    op = Op.LOG
+    op = Ops.LOG
 
     def backward(self, grad):
         return (_div(grad, self.x),)
 
 
 class Log2(Unary):
-    op = Op.LOG2
+    op = Ops.LOG2
 
     def backward(self, grad):
         return (_div(grad, _mul(self.x, _const_like(self.x, math.log(2)))),)
 
 
 class Sin(Unary):
-    op = Op.SIN
+    op = Ops.SIN
 
     def backward(self, grad):
-        return (_mul(grad, g.unary(Op.COS, self.x)),)
+        return (_mul(grad, g.unary(Ops.COS, self.x)),)
 
 
 class Cos(Unary):
-    op = Op.COS
+    op = Ops.COS
 
     def backward(self, grad):
-        return (_neg(_mul(grad, g.unary(Op.SIN, self.x))),)
+        return (_neg(_mul(grad, g.unary(Ops.SIN, self.x))),)
 
 
 class Tan(Unary):
-    op = Op.TAN
+    op = Ops.TAN
 
     def backward(self, grad):
-        return (_mul(grad, g.binary(Op.ADD, _const_like(self.y, 1), _mul(self.y, self.y))),)
+        return (_mul(grad, g.binary(Ops.ADD, _const_like(self.y, 1), _mul(self.y, self.y))),)
 
 
 class Tanh(Unary):
-    op = Op.TANH
+    op = Ops.TANH
 
     def backward(self, grad):
-        return (_mul(grad, g.binary(Op.SUB, _const_like(self.y, 1), _mul(self.y, self.y))),)
+        return (_mul(grad, g.binary(Ops.SUB, _const_like(self.y, 1), _mul(self.y, self.y))),)
 
 
 class Erf(Unary):
-    op = Op.ERF
+    op = Ops.ERF
 
     def backward(self, grad):
-        e = g.unary(Op.EXP, _neg(_mul(self.x, self.x)))
+        e = g.unary(Ops.EXP, _neg(_mul(self.x, self.x)))
         return (_mul(grad, _mul(e, _const_like(e, 2 / math.sqrt(math.pi)))),)
 
 
 class Sqrt(Unary):
-    op = Op.SQRT
+    op = Ops.SQRT
 
     def backward(self, grad):
         return (_div(grad, _mul(self.y, _const_like(self.y, 2))),)
 
 
 class Recip(Unary):
-    op = Op.RECIP
+    op = Ops.RECIP
 
     def backward(self, grad):
         return (_neg(_mul(grad, _mul(self.y, self.y))),)
 
 
 class Abs(Unary):
-    op = Op.ABS
+    op = Ops.ABS
 
     def backward(self, grad):
         x = self.x
         zero = _const_like(x, 0)
-        sign = g.binary(Op.SUB, g.cast(g.binary(Op.CMPLT, zero, x), x.dtype),
-                        g.cast(g.binary(Op.CMPLT, x, zero), x.dtype))
+        sign = g.binary(Ops.SUB, g.cast(g.binary(Ops.CMPLT, zero, x), x.dtype),
+                        g.cast(g.binary(Ops.CMPLT, x, zero), x.dtype))
         return (_mul(grad, sign),)
 
 
@@ -244,7 +245,7 @@ class Cast(Function):
 
 class Add(Function):
     def forward(self, a, b):
-        return g.binary(Op.ADD, a, b)
+        return g.binary(Ops.ADD, a, b)
 
     def backward(self, grad):
         return grad, grad
@@ -252,7 +253,7 @@ class Add(Function):
 
 class Sub(Function):
     def forward(self, a, b):
-        return g.binary(Op.SUB, a, b)
+        return g.binary(Ops.SUB, a, b)
 
     def backward(self, grad):
         return grad, _neg(grad)
@@ -261,7 +262,7 @@ class Sub(Function):
 class Mul(Function):
     def forward(self, a, b):
         self.a, self.b = a, b
-        return g.binary(Op.MUL, a, b)
+        return g.binary(Ops.MUL, a, b)
 
     def backward(self, grad):
         return (_mul(grad, self.b) if self.needs[0] else None, _mul(grad, self.a) if self.needs[1] else None)
@@ -277,7 +278,7 @@ def matmul_graph(x: Class, y: Class) -> Class:
     full = batch + (m, n, k)
     xr = g.expand(g.reshape(x, batch + (m, 1, k)), full)
     yr = g.expand(g.reshape(g.permute(y, tuple(range(nb)) + (nb + 1, nb)), batch + (1, n, k)), full)
-    return g.reshape(g.reduce("add", g.binary(Op.MUL, xr, yr), (nb + 2,)), batch + (m, n))
+    return g.reshape(g.reduce(Ops.ADD, g.binary(Ops.MUL, xr, yr), (nb + 2,)), batch + (m, n))
 
 
 class MatMul(Function):
@@ -297,10 +298,10 @@ class MatMul(Function):
         # A transposed operand (Linear's weight.T) gets its gradient as the transpose of a matmul in its source's
         # layout: the permute backward then cancels it, and the gradient is contiguous in the weight's shape.
         if self.needs[0]:
-            dx = g.permute(matmul_graph(y, g.permute(grad, swap)), swap) if x.op is Op.PERMUTE else \
+            dx = g.permute(matmul_graph(y, g.permute(grad, swap)), swap) if x.op is Ops.PERMUTE else \
                 matmul_graph(grad, g.permute(y, swap))
         if self.needs[1]:
-            dy = g.permute(matmul_graph(g.permute(grad, swap), x), swap) if y.op is Op.PERMUTE else \
+            dy = g.permute(matmul_graph(g.permute(grad, swap), x), swap) if y.op is Ops.PERMUTE else \
                 matmul_graph(g.permute(x, swap), grad)
         return dx, dy
 
@@ -311,11 +312,11 @@ MatMul.direct = matmul_graph
 def log_softmax_graph(x: Class, axis: int) -> Class:
     """``x - logsumexp(x, axis)`` as the composite path builds it: the row max (0 where it is infinite) is
     subtracted before ``exp``, added back after ``log``."""
-    m = g.reduce("max", x, (axis,))
-    m = g.where(g.unary(Op.ISINF, m), g.const(0.0, m.shape, m.dtype, m.device), m)
-    e = g.unary(Op.EXP, g.binary(Op.SUB, x, g.expand(m, x.shape)))
-    lse = g.binary(Op.ADD, g.unary(Op.LOG, g.reduce("add", e, (axis,))), m)
-    return g.binary(Op.SUB, x, g.expand(lse, x.shape))
+    m = g.reduce(Ops.MAX, x, (axis,))
+    m = g.where(g.unary(Ops.ISINF, m), g.const(0.0, m.shape, m.dtype, m.device), m)
+    e = g.unary(Ops.EXP, g.binary(Ops.SUB, x, g.expand(m, x.shape)))
+    lse = g.binary(Ops.ADD, g.unary(Ops.LOG, g.reduce(Ops.ADD, e, (axis,))), m)
+    return g.binary(Ops.SUB, x, g.expand(lse, x.shape))
 
 
 class LogSoftmax(Function):
@@ -328,8 +329,8 @@ class LogSoftmax(Function):
         return self.out
 
     def backward(self, grad):
-        total = g.expand(g.reduce("add", grad, (self.axis,)), grad.shape)
-        return (g.binary(Op.SUB, grad, g.binary(Op.MUL, g.unary(Op.EXP, self.out), total)),)
+        total = g.expand(g.reduce(Ops.ADD, grad, (self.axis,)), grad.shape)
+        return (g.binary(Ops.SUB, grad, g.binary(Ops.MUL, g.unary(Ops.EXP, self.out), total)),)
 
 
 LogSoftmax.direct = staticmethod(lambda x, axis=-1: log_softmax_graph(x, axis))
@@ -338,7 +339,7 @@ LogSoftmax.direct = staticmethod(lambda x, axis=-1: log_softmax_graph(x, axis))
 class Div(Function):
     def forward(self, a, b):
         self.a, self.b = a, b
-        return g.binary(Op.DIV, a, b)
+        return g.binary(Ops.DIV, a, b)
 
     def backward(self, grad):
         ga = _div(grad, self.b) if self.needs[0] else None
@@ -349,7 +350,7 @@ class Div(Function):
 class Pow(Function):
     def forward(self, a, b):
         self.a, self.b = a, b
-        self.y = g.binary(Op.POW, a, b)
+        self.y = g.binary(Ops.POW, a, b)
         return self.y
 
     def backward(self, grad):
@@ -357,17 +358,17 @@ class Pow(Function):
         ga = gb = None
         if self.needs[0]:
             # d/da a^b = b * a^(b-1); written as b * y / a where a != 0
-            pm1 = g.binary(Op.POW, a, g.binary(Op.SUB, b, _const_like(b, 1)))
+            pm1 = g.binary(Ops.POW, a, g.binary(Ops.SUB, b, _const_like(b, 1)))
             ga = _mul(grad, _mul(b, pm1))
         if self.needs[1]:
             zero = _const_like(a, 0)
-            loga = g.where(g.binary(Op.CMPLT, zero, a), g.unary(Op.LOG, a), zero)
+            loga = g.where(g.binary(Ops.CMPLT, zero, a), g.unary(Ops.LOG, a), zero)
             gb = _mul(grad, _mul(self.y, loga))
         return ga, gb
 
 
 class _MaxMin(Function):
-    op: Op
+    op: Ops
 
     def forward(self, a, b):
         self.a, self.b = a, b
@@ -377,19 +378,19 @@ class _MaxMin(Function):
     def backward(self, grad):
         a, b = self.a, self.b
         # ties split the gradient evenly (PyTorch's maximum/minimum)
-        ea = g.cast(g.binary(Op.CMPEQ, a, self.y), a.dtype)
-        eb = g.cast(g.binary(Op.CMPEQ, b, self.y), a.dtype)
-        total = g.binary(Op.ADD, ea, eb)
-        total = g.where(g.binary(Op.CMPEQ, total, _const_like(total, 0)), _const_like(total, 1), total)
+        ea = g.cast(g.binary(Ops.CMPEQ, a, self.y), a.dtype)
+        eb = g.cast(g.binary(Ops.CMPEQ, b, self.y), a.dtype)
+        total = g.binary(Ops.ADD, ea, eb)
+        total = g.where(g.binary(Ops.CMPEQ, total, _const_like(total, 0)), _const_like(total, 1), total)
         return _mul(grad, _div(ea, total)), _mul(grad, _div(eb, total))
 
 
 class Maximum(_MaxMin):
-    op = Op.MAX
+    op = Ops.MAX
 
 
 class Minimum(_MaxMin):
-    op = Op.MIN
+    op = Ops.MIN
 
 
 class Where(Function):
@@ -408,14 +409,14 @@ class Where(Function):
 class Sum(Function):
     def forward(self, x, axes=()):
         self.shape = x.shape
-        return g.reduce("add", x, axes)
+        return g.reduce(Ops.ADD, x, axes)
 
     def backward(self, grad):
         return (g.expand(grad, self.shape),)
 
 
 class _Extreme(Function):
-    kind: str
+    kind: Ops
 
     def forward(self, x, axes=()):
         self.x = x
@@ -425,23 +426,23 @@ class _Extreme(Function):
 
     def backward(self, grad):
         x = self.x
-        hit = g.cast(g.binary(Op.CMPEQ, x, g.expand(self.y, x.shape)), x.dtype)
-        count = g.expand(g.reduce("add", hit, self.axes), x.shape)
+        hit = g.cast(g.binary(Ops.CMPEQ, x, g.expand(self.y, x.shape)), x.dtype)
+        count = g.expand(g.reduce(Ops.ADD, hit, self.axes), x.shape)
         return (_mul(g.expand(grad, x.shape), _div(hit, count)),)
 
 
 class Max(_Extreme):
-    kind = "max"
+    kind = Ops.MAX
 
 
 class Min(_Extreme):
-    kind = "min"
+    kind = Ops.MIN
 
 
 class Prod(Function):
     def forward(self, x, axes=()):
         self.x = x
-        self.y = g.reduce("mul", x, axes)
+        self.y = g.reduce(Ops.MUL, x, axes)
         return self.y
 
     def backward(self, grad):
@@ -451,7 +452,7 @@ class Prod(Function):
 
 
 class Scan(Function):
-    def forward(self, x, op="add", axis=0):
+    def forward(self, x, op=Ops.ADD, axis=0):
         self.x, self.op, self.axis = x, op, axis
         self.y = g.scan(op, x, axis)
         return self.y
@@ -461,9 +462,9 @@ class Scan(Function):
         # both are a reverse running sum
         ax, n = self.axis, self.x.shape[self.axis]
         rev = tuple((n - 1, -1, -1) if i == ax else (0, s, 1) for i, s in enumerate(self.x.shape))
-        g_in = grad if self.op == "add" else _mul(grad, self.y)
-        out = g.shrink(g.scan("add", g.shrink(g_in, rev), ax), rev)
-        return (out if self.op == "add" else _div(out, self.x),)
+        g_in = grad if self.op == Ops.ADD else _mul(grad, self.y)
+        out = g.shrink(g.scan(Ops.ADD, g.shrink(g_in, rev), ax), rev)
+        return (out if self.op == Ops.ADD else _div(out, self.x),)
 
 
 # ---- movement --------------------------------------------------------------------------------------------------
@@ -497,7 +498,7 @@ class Expand(Function):
 
     def backward(self, grad):
         axes = tuple(i for i, (s, o) in enumerate(zip(self.src, grad.shape)) if s != o)
-        return (g.reduce("add", grad, axes),)
+        return (g.reduce(Ops.ADD, grad, axes),)
 
 
 class Pad(Function):
@@ -572,13 +573,13 @@ class Gather(Function):
         full = pre + idx.shape + (n,) + post
         gg = g.expand(g.reshape(grad, gshape), full)
         ii = g.cast(idx, dtypes.int64)
-        ii = g.where(g.binary(Op.CMPLT, ii, g.const(0, ii.shape, dtypes.int64, ii.device)),
-                     g.binary(Op.ADD, ii, g.const(n, ii.shape, dtypes.int64, ii.device)), ii)
+        ii = g.where(g.binary(Ops.CMPLT, ii, g.const(0, ii.shape, dtypes.int64, ii.device)),
+                     g.binary(Ops.ADD, ii, g.const(n, ii.shape, dtypes.int64, ii.device)), ii)
         ishape = (1,) * len(pre) + idx.shape + (1,) + (1,) * len(post)
         ar = g.reshape(g.iota(n, dtypes.int64, ii.device), (1,) * (len(pre) + ni) + (n,) + (1,) * len(post))
-        hit = g.binary(Op.CMPEQ, g.expand(g.reshape(ii, ishape), full), g.expand(ar, full))
+        hit = g.binary(Ops.CMPEQ, g.expand(g.reshape(ii, ishape), full), g.expand(ar, full))
         masked = g.where(hit, gg, g.const(0, full, grad.dtype, grad.device))
-        summed = g.reduce("add", masked, tuple(range(len(pre), len(pre) + ni)))
+        summed = g.reduce(Ops.ADD, masked, tuple(range(len(pre), len(pre) + ni)))
         return g.reshape(summed, self.x_shape), None
 
 
@@ -601,8 +602,8 @@ class Contiguous(Function):
 
 # ---- context-free forwards (``Function.direct``): each builds exactly the graph of its ``forward`` ------------
 
-for _fn, _op in ((Add, Op.ADD), (Sub, Op.SUB), (Mul, Op.MUL), (Div, Op.DIV), (Pow, Op.POW), (Maximum, Op.MAX),
-                 (Minimum, Op.MIN)):
+for _fn, _op in ((Add, Ops.ADD), (Sub, Ops.SUB), (Mul, Ops.MUL), (Div, Ops.DIV), (Pow, Ops.POW), (Maximum, Ops.MAX),
+                 (Minimum, Ops.MIN)):
     _fn.direct = functools.partial(g.binary, _op)
 for _fn in Unary.__subclasses__():
     _fn.direct = functools.partial(g.unary, _fn.op)
@@ -612,15 +613,15 @@ def _direct(fn):
     return staticmethod(fn)
 
 
-def _reduce_direct(kind: str):
+def _reduce_direct(kind: Ops):
     return staticmethod(lambda x, axes=(): g.reduce(kind, x, axes))
 
 
-Max.direct, Min.direct = _reduce_direct("max"), _reduce_direct("min")
+Max.direct, Min.direct = _reduce_direct(Ops.MAX), _reduce_direct(Ops.MIN)
 Cast.direct = _direct(lambda x, dtype=None: g.cast(x, dtype))
-Sum.direct = _direct(lambda x, axes=(): g.reduce("add", x, axes))
-Prod.direct = _direct(lambda x, axes=(): g.reduce("mul", x, axes))
-Scan.direct = _direct(lambda x, op="add", axis=0: g.scan(op, x, axis))
+Sum.direct = _direct(lambda x, axes=(): g.reduce(Ops.ADD, x, axes))
+Prod.direct = _direct(lambda x, axes=(): g.reduce(Ops.MUL, x, axes))
+Scan.direct = _direct(lambda x, op=Ops.ADD, axis=0: g.scan(op, x, axis))
 Reshape.direct = _direct(lambda x, shape=(): g.reshape(x, shape))
 Permute.direct = _direct(lambda x, order=(): g.permute(x, order))
 Expand.direct = _direct(lambda x, shape=(): g.expand(x, shape))

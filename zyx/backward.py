@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from zyx.autograd import no_grad
 from zyx.graph import ops as g
+from zyx.ops import Ops
 
 
 def _toposort(root):
@@ -55,7 +56,7 @@ def backward(root, gradient=None) -> None:
                     gi = g.cast(gi, pd)
                 if p._ctx is not None:
                     prev = grads.get(id(p))
-                    grads[id(p)] = gi if prev is None else g.binary(g.Op.ADD, prev, gi)
+                    grads[id(p)] = gi if prev is None else g.binary(Ops.ADD, prev, gi)
                 else:
                     p.grad = Tensor._from_class(gi) if p.grad is None else \
-                        Tensor._from_class(g.binary(g.Op.ADD, p.grad.cls, gi))
+                        Tensor._from_class(g.binary(Ops.ADD, p.grad.cls, gi))

@@ -22,8 +22,9 @@ from zyx.backends.registry import canonical_name, registry
 from zyx.dtypes import DType
 from zyx.graph import ops as g
 from zyx.graph import schedule
-from zyx.graph.node import Buffer, Class, Op, leaf
+from zyx.graph.node import Buffer, Class, leaf
 from zyx.graph.node import var as var_class
+from zyx.ops import Ops
 
 Scalar = int | float | bool
 _new = object.__new__
@@ -450,7 +451,7 @@ class Tensor:
         x = self._on_compute()
         return x if x.dtype.is_float else x.cast(dtypes.default_float)
 
-    def _scalar_op(self, o, op: Op, reverse: bool = False) -> Tensor | None:
+    def _scalar_op(self, o, op: Ops, reverse: bool = False) -> Tensor | None:
         """``self op o`` (``o op self`` when ``reverse``) for a Python float or int ``o`` and a float tensor that
         records no gradient: the very classes ``_operand`` and ``Function.apply`` would build (an int scalar
         takes the tensor's float dtype either way), without the operand tensor and the context. None when
@@ -464,21 +465,21 @@ class Tensor:
         return _from_class(g.binary(op, k, c) if reverse else g.binary(op, c, k))
 
     def __add__(self, o):
-        t = self._scalar_op(o, Op.ADD)
+        t = self._scalar_op(o, Ops.ADD)
         if t is not None:
             return t
         a, b = self._operand(o)
         return F.Add.apply(a, b) if a.cls.dtype.kind != "b" else a | b
 
     def __radd__(self, o):
-        t = self._scalar_op(o, Op.ADD, reverse=True)
+        t = self._scalar_op(o, Ops.ADD, reverse=True)
         if t is not None:
             return t
         a, b = self._operand(o, reverse=True)
         return F.Add.apply(a, b) if a.cls.dtype.kind != "b" else a | b
 
     def __sub__(self, o):
-        t = self._scalar_op(o, Op.SUB)
+        t = self._scalar_op(o, Ops.SUB)
         if t is not None:
             return t
         a, b = self._operand(o)
@@ -486,7 +487,7 @@ class Tensor:
         return F.Sub.apply(a, b)
 
     def __rsub__(self, o):
-        t = self._scalar_op(o, Op.SUB, reverse=True)
+        t = self._scalar_op(o, Ops.SUB, reverse=True)
         if t is not None:
             return t
         a, b = self._operand(o, reverse=True)
@@ -494,14 +495,14 @@ class Tensor:
         return F.Sub.apply(a, b)
 
     def __mul__(self, o):
-        t = self._scalar_op(o, Op.MUL)
+        t = self._scalar_op(o, Ops.MUL)
         if t is not None:
             return t
         a, b = self._operand(o)
         return F.Mul.apply(a, b) if a.cls.dtype.kind != "b" else a & b
 
     def __rmul__(self, o):
-        t = self._scalar_op(o, Op.MUL, reverse=True)
+        t = self._scalar_op(o, Ops.MUL, reverse=True)
         if t is not None:
             return t
         a, b = self._operand(o, reverse=True)
@@ -517,19 +518,19 @@ class Tensor:
 
     def __floordiv__(self, o):
         a, b = self._operand(o)
-        return _binary_nograd(Op.IDIV, a, b)
+        return _binary_nograd(Ops.IDIV, a, b)
 
     def __rfloordiv__(self, o):
         a, b = self._operand(o, reverse=True)
-        return _binary_nograd(Op.IDIV, a, b)
+        return _binary_nograd(Ops.IDIV, a, b)
 
     def __mod__(self, o):
         a, b = self._operand(o)
-        return _binary_nograd(Op.MOD, a, b)
+        return _binary_nograd(Ops.MOD, a, b)
 
     def __rmod__(self, o):
         a, b = self._operand(o, reverse=True)
-        return _binary_nograd(Op.MOD, a, b)
+        return _binary_nograd(Ops.MOD, a, b)
 
     def __pow__(self, o):
         if isinstance(o, (int, float)) and not isinstance(o, bool) and self.dtype.is_float:
@@ -562,37 +563,37 @@ class Tensor:
         return self.abs()
 
     def __lt__(self, o):
-        return _compare(Op.CMPLT, *self._operand(o))
+        return _compare(Ops.CMPLT, *self._operand(o))
 
     def __le__(self, o):
-        return _compare(Op.CMPLE, *self._operand(o))
+        return _compare(Ops.CMPLE, *self._operand(o))
 
     def __gt__(self, o):
         a, b = self._operand(o)
-        return _compare(Op.CMPLT, b, a)
+        return _compare(Ops.CMPLT, b, a)
 
     def __ge__(self, o):
         a, b = self._operand(o)
-        return _compare(Op.CMPLE, b, a)
+        return _compare(Ops.CMPLE, b, a)
 
     def __eq__(self, o):  # type: ignore[override]
-        return _compare(Op.CMPEQ, *self._operand(o))
+        return _compare(Ops.CMPEQ, *self._operand(o))
 
     def __ne__(self, o):  # type: ignore[override]
-        return _compare(Op.CMPNE, *self._operand(o))
+        return _compare(Ops.CMPNE, *self._operand(o))
 
     def __and__(self, o):
-        return _bitwise(Op.AND, *self._operand(o))
+        return _bitwise(Ops.AND, *self._operand(o))
 
     __rand__ = __and__
 
     def __or__(self, o):
-        return _bitwise(Op.OR, *self._operand(o))
+        return _bitwise(Ops.OR, *self._operand(o))
 
     __ror__ = __or__
 
     def __xor__(self, o):
-        return _bitwise(Op.XOR, *self._operand(o))
+        return _bitwise(Ops.XOR, *self._operand(o))
 
     __rxor__ = __xor__
 
@@ -600,19 +601,19 @@ class Tensor:
         x = self._on_compute()
         if x.dtype.is_float:
             raise TypeError(f"bitwise not needs a bool or integer tensor, got {x.dtype.name}")
-        return Tensor._from_class(g.unary(Op.NOT, x.cls))
+        return Tensor._from_class(g.unary(Ops.NOT, x.cls))
 
     def __lshift__(self, o):
-        return _shift(Op.SHL, *self._operand(o))
+        return _shift(Ops.SHL, *self._operand(o))
 
     def __rshift__(self, o):
-        return _shift(Op.SHR, *self._operand(o))
+        return _shift(Ops.SHR, *self._operand(o))
 
     def __rlshift__(self, o):
-        return _shift(Op.SHL, *self._operand(o, reverse=True))
+        return _shift(Ops.SHL, *self._operand(o, reverse=True))
 
     def __rrshift__(self, o):
-        return _shift(Op.SHR, *self._operand(o, reverse=True))
+        return _shift(Ops.SHR, *self._operand(o, reverse=True))
 
     def neg(self):
         return -self
@@ -693,16 +694,16 @@ class Tensor:
         return (bx > threshold).where(x, soft)
 
     def floor(self):
-        return _rounding(Op.FLOOR, self)
+        return _rounding(Ops.FLOOR, self)
 
     def ceil(self):
-        return _rounding(Op.CEIL, self)
+        return _rounding(Ops.CEIL, self)
 
     def round(self):
-        return _rounding(Op.ROUND, self)
+        return _rounding(Ops.ROUND, self)
 
     def trunc(self):
-        return _rounding(Op.TRUNC, self)
+        return _rounding(Ops.TRUNC, self)
 
     def sign(self):
         x = self._on_compute()
@@ -724,7 +725,7 @@ class Tensor:
     clamp = clip
 
     def maximum(self, o):
-        t = self._scalar_op(o, Op.MAX)
+        t = self._scalar_op(o, Ops.MAX)
         if t is not None:
             return t
         a, b = self._operand(o)
@@ -756,28 +757,28 @@ class Tensor:
         return where(m, v, self)
 
     def logical_not(self):
-        return Tensor._from_class(g.unary(Op.NOT, self.bool().cls))
+        return Tensor._from_class(g.unary(Ops.NOT, self.bool().cls))
 
-    def _logical(self, op: Op, o) -> Tensor:
+    def _logical(self, op: Ops, o) -> Tensor:
         if isinstance(o, (bool, int, float, np.generic)):
             o = bool(o)  # only its truth matters (a Python int beyond int64 included)
         a, b = self.bool()._operand(o)
         return Tensor._from_class(g.binary(op, a.bool().cls, b.bool().cls))
 
     def logical_and(self, o):
-        return self._logical(Op.AND, o)
+        return self._logical(Ops.AND, o)
 
     def logical_or(self, o):
-        return self._logical(Op.OR, o)
+        return self._logical(Ops.OR, o)
 
     def logical_xor(self, o):
-        return self._logical(Op.XOR, o)
+        return self._logical(Ops.XOR, o)
 
     def isnan(self):
-        return Tensor._from_class(g.unary(Op.ISNAN, self._on_compute().cls))
+        return Tensor._from_class(g.unary(Ops.ISNAN, self._on_compute().cls))
 
     def isinf(self):
-        return Tensor._from_class(g.unary(Op.ISINF, self._on_compute().cls))
+        return Tensor._from_class(g.unary(Ops.ISINF, self._on_compute().cls))
 
     def isfinite(self):
         return (self.isnan() | self.isinf()).logical_not()
@@ -850,11 +851,11 @@ class Tensor:
 
     def any(self, axis=None, keepdim: bool = False, dim=None, keepdims: bool | None = None):
         keepdim = _keepdim(keepdim, keepdims)
-        return _bool_reduce(self, "or", _alias(axis, dim), keepdim, False)
+        return _bool_reduce(self, Ops.OR, _alias(axis, dim), keepdim, False)
 
     def all(self, axis=None, keepdim: bool = False, dim=None, keepdims: bool | None = None):
         keepdim = _keepdim(keepdim, keepdims)
-        return _bool_reduce(self, "and", _alias(axis, dim), keepdim, True)
+        return _bool_reduce(self, Ops.AND, _alias(axis, dim), keepdim, True)
 
     def _arg_extreme(self, axis, keepdim: bool, largest: bool) -> Tensor:
         x = self._on_compute()
@@ -914,13 +915,13 @@ class Tensor:
 
     def cumsum(self, axis: int = 0, dim=None, dtype=None):
         """Inclusive running sum along ``axis`` (integers and bool accumulate in 64 bits, as NumPy)."""
-        return self._scan(axis, dim, dtype, "add")
+        return self._scan(axis, dim, dtype, Ops.ADD)
 
     def cumprod(self, axis: int = 0, dim=None, dtype=None):
         """Inclusive running product along ``axis``."""
-        return self._scan(axis, dim, dtype, "mul")
+        return self._scan(axis, dim, dtype, Ops.MUL)
 
-    def _scan(self, axis, dim, dtype, op: str) -> Tensor:
+    def _scan(self, axis, dim, dtype, op: Ops) -> Tensor:
         x = self._on_compute()
         if x.ndim == 0:
             x = x.reshape(1)
@@ -1197,14 +1198,14 @@ def _scalar_default(v) -> DType:
 SCAN_BLOCK = 1024
 
 
-def _scan_last(x: Tensor, op: str) -> Tensor:
+def _scan_last(x: Tensor, op: Ops) -> Tensor:
     """Inclusive scan along the last axis. Short axes are one scan kernel (a serial loop per row, rows in
     parallel); a long axis is cut into blocks of ``SCAN_BLOCK`` scanned in parallel, the block totals are
     scanned recursively, and each block then combines with the total of the blocks before it: O(n) work."""
     n, lead = x.shape[-1], x.shape[:-1]
     if n <= 2 * SCAN_BLOCK:
         return F.Scan.apply(x, op=op, axis=x.ndim - 1)
-    ident = 0 if op == "add" else 1
+    ident = 0 if op == Ops.ADD else 1
     b = SCAN_BLOCK
     nb = -(-n // b)
     if nb * b != n:
@@ -1212,7 +1213,7 @@ def _scan_last(x: Tensor, op: str) -> Tensor:
     local = F.Scan.apply(x.reshape(*lead, nb, b), op=op, axis=len(lead) + 1)
     totals = _scan_last(local[..., b - 1], op)  # inclusive totals of blocks 0..k
     before = totals.pad(((0, 0),) * len(lead) + ((1, 0),), value=ident)[..., :nb].unsqueeze(-1)
-    out = local + before if op == "add" else local * before
+    out = local + before if op == Ops.ADD else local * before
     return out.reshape(*lead, nb * b)[..., :n]
 
 
@@ -1229,36 +1230,36 @@ def _no_bool(what: str, a: Tensor) -> None:
         raise TypeError(f"cannot {what} bool tensors; use logical_xor or cast to an integer dtype first")
 
 
-def _binary_nograd(op: Op, a: Tensor, b: Tensor) -> Tensor:
+def _binary_nograd(op: Ops, a: Tensor, b: Tensor) -> Tensor:
     if a.dtype.kind == "b":
         a, b = a.cast(dtypes.int8), b.cast(dtypes.int8)
     return Tensor._from_class(g.binary(op, a.cls, b.cls))
 
 
-def _compare(op: Op, a: Tensor, b: Tensor) -> Tensor:
+def _compare(op: Ops, a: Tensor, b: Tensor) -> Tensor:
     return Tensor._from_class(g.binary(op, a.cls, b.cls))
 
 
-def _bitwise(op: Op, a: Tensor, b: Tensor) -> Tensor:
+def _bitwise(op: Ops, a: Tensor, b: Tensor) -> Tensor:
     if a.dtype.is_float:
-        raise TypeError(f"bitwise {op.value} needs bool or integer tensors, got {a.dtype.name}")
+        raise TypeError(f"bitwise {op.name.lower()} needs bool or integer tensors, got {a.dtype.name}")
     return Tensor._from_class(g.binary(op, a.cls, b.cls))
 
 
-def _shift(op: Op, a: Tensor, b: Tensor) -> Tensor:
+def _shift(op: Ops, a: Tensor, b: Tensor) -> Tensor:
     if not a.dtype.is_int:
         raise TypeError(f"shifts need integer tensors, got {a.dtype.name}")
     return Tensor._from_class(g.binary(op, a.cls, b.cls))
 
 
-def _rounding(op: Op, x: Tensor) -> Tensor:
+def _rounding(op: Ops, x: Tensor) -> Tensor:
     x = x._on_compute()
     if not x.dtype.is_float:
         return x
     return Tensor._from_class(g.unary(op, x.cls))
 
 
-def _bool_reduce(x: Tensor, op: str, axis, keepdim: bool, identity: bool) -> Tensor:
+def _bool_reduce(x: Tensor, op: Ops, axis, keepdim: bool, identity: bool) -> Tensor:
     x = x._on_compute().bool()
     axes = _norm_axes(axis, x.ndim)
     if any(x.shape[a] == 0 for a in axes):

@@ -85,6 +85,24 @@ def test_libraries_are_cached_on_disk(tmp_path, monkeypatch):
     assert CCompiler("cc", openmp=False).flags != CCompiler("cc").flags or not CCompiler("cc").openmp
 
 
+def test_simd_width_comes_from_the_compilers_target_macros_and_reaches_the_device_info(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    r = subprocess.run(["cc", "-march=native", "-dM", "-E", "-x", "c", "/dev/null"], capture_output=True, text=True)
+    avx512, avx = "#define __AVX512F__ 1" in r.stdout, "#define __AVX__ 1" in r.stdout
+    got = CCompiler("cc").simd
+    assert got == CCompiler("cc").simd  # the second answer from the disk marker
+    assert len(list((tmp_path / "zyx" / "host").glob("simd-*"))) == 1
+    if avx512:
+        assert got in ((64, 32), (32, 32))
+    elif avx:
+        assert got == (32, 16)
+    else:
+        assert got[0] == 16
+    from zyx.backends.registry import registry
+    info = registry().get("host").primary.info()
+    assert (info.vector_bytes, info.vector_registers) == registry().get("host").primary.compiler.simd
+
+
 def test_missing_compiler_is_an_initialization_error():
     with pytest.raises(BackendError, match="not found on PATH") as e:
         CCompiler("definitely-not-a-compiler")

@@ -14,6 +14,7 @@ from zyx import autograd as F
 from zyx import dtypes
 from zyx.graph import node, schedule
 from zyx.graph import ops as g
+from zyx.ops import Ops
 from zyx.tensor import broadcast_shapes
 
 
@@ -133,7 +134,7 @@ def test_walk_lists_sources_first_and_each_class_once():
     pos = {id(c): i for i, c in enumerate(order)}
     for c in order:
         for s in c.nodes[0].srcs:
-            if not s.realized and s.nodes[0].op is not node.Op.VAR:
+            if not s.realized and s.nodes[0].op is not Ops.VAR:
                 assert pos[id(s)] < pos[id(c)]
     assert [lf.buffer for lf in leaves] == [x.cls.buffer]
 
@@ -177,7 +178,7 @@ def test_direct_movement_and_reduce_build_what_forward_builds():
     cases = [(F.Sum, {"axes": (1,)}), (F.Max, {"axes": (0,)}), (F.Min, {"axes": (1,)}), (F.Prod, {"axes": (0,)}),
              (F.Reshape, {"shape": (3, 2)}), (F.Permute, {"order": (1, 0)}), (F.Expand, {"shape": (2, 3)}),
              (F.Pad, {"pads": ((1, 0), (0, 2)), "fill": 1.0}), (F.Shrink, {"spec": ((0, 2, 1), (2, -1, -1))}),
-             (F.Cast, {"dtype": dtypes.float64}), (F.Scan, {"op": "add", "axis": 1}), (F.Contiguous, {})]
+             (F.Cast, {"dtype": dtypes.float64}), (F.Scan, {"op": Ops.ADD, "axis": 1}), (F.Contiguous, {})]
     for fn, kw in cases:
         assert fn.direct(c, **kw) is fn(x).forward(c, **kw), fn.__name__
 

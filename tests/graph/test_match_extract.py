@@ -13,16 +13,18 @@ from hypothesis import strategies as st
 
 import zyx
 from zyx import dtypes
+from zyx.backends.base import LibraryKernel
 from zyx.backends.registry import registry
 from zyx.graph import schedule
 from zyx.graph.extract import extract, total_cost
 from zyx.graph.match import match_matmul
-from zyx.graph.node import Class, LibraryKernel, Node, Op
+from zyx.graph.node import Class, Node
+from zyx.ops import Ops
 
 
 def _reduce_class(t: zyx.Tensor) -> Class:
     c = t.cls
-    while c.op in (Op.RESHAPE, Op.CAST):
+    while c.op in (Ops.RESHAPE, Ops.CAST):
         c = c.srcs[0]
     return c
 
@@ -91,7 +93,7 @@ def test_non_matches():
 # ---- extraction ------------------------------------------------------------------------------------------------
 
 
-def _fresh(op: Op, *srcs: Class) -> Class:
+def _fresh(op: Ops, *srcs: Class) -> Class:
     """A class outside the hash-cons cache, so alternatives added by one test never leak into another."""
     return Class((4,), dtypes.float32, "host", Node(op, srcs, None))
 
@@ -99,15 +101,15 @@ def _fresh(op: Op, *srcs: Class) -> Class:
 def _graph_with_shared_input(lib_cost: float, shared_cost: float, gen_cost: float):
     """Two classes X, Y each computable by a generated node (gen_cost) or a library node (lib_cost) that
     needs a shared input P (shared_cost)."""
-    src = _fresh(Op.CONST)
-    p = _fresh(Op.EXP, src)
-    x = _fresh(Op.SIN, src)
-    y = _fresh(Op.COS, src)
-    out = _fresh(Op.ADD, x, y)
+    src = _fresh(Ops.CONST)
+    p = _fresh(Ops.EXP, src)
+    x = _fresh(Ops.SIN, src)
+    y = _fresh(Ops.COS, src)
+    out = _fresh(Ops.ADD, x, y)
     costs: dict[int, float] = {id(p.node): shared_cost, id(x.node): gen_cost, id(y.node): gen_cost}
     for c in (x, y):
         lib = LibraryKernel(None, 0, (p,), lib_cost, f"lib_{c.node.op.value}")
-        n = Node(Op.KERNEL, (p,), lib)
+        n = Node(Ops.KERNEL, (p,), lib)
         c.nodes.append(n)
         costs[id(n)] = lib_cost
 
@@ -121,7 +123,7 @@ def test_extraction_beats_per_class_greedy_when_inputs_are_shared():
     out, (x, y), cost = _graph_with_shared_input(lib_cost=2, shared_cost=10, gen_cost=8)
     # per class, library = 2 + 10 > 8 = generated; together the shared 10 is paid once: 2 + 2 + 10 < 16
     choice = extract([out], cost)
-    assert choice[id(x)].op is Op.KERNEL and choice[id(y)].op is Op.KERNEL
+    assert choice[id(x)].op is Ops.KERNEL and choice[id(y)].op is Ops.KERNEL
     assert total_cost([out], choice, cost) == 14
     # the improvement search (used past the exhaustive limit) reaches the same optimum here
     assert total_cost([out], extract([out], cost, exhaustive_limit=1), cost) == 14
@@ -130,18 +132,18 @@ def test_extraction_beats_per_class_greedy_when_inputs_are_shared():
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.floats(0, 20), st.floats(0, 20)), min_size=1, max_size=5), st.floats(0, 30))
 def test_exhaustive_extraction_is_optimal(alts, shared):
-    src = _fresh(Op.CONST)
-    p = _fresh(Op.EXP, src)
+    src = _fresh(Ops.CONST)
+    p = _fresh(Ops.EXP, src)
     classes, costs = [], {id(p.node): shared}
     acc = None
     for i, (gen, lib) in enumerate(alts):
-        c = _fresh(Op.MUL, src, src)
+        c = _fresh(Ops.MUL, src, src)
         costs[id(c.node)] = gen
-        n = Node(Op.KERNEL, (p,), LibraryKernel(None, 0, (p,), lib, f"l{i}"))
+        n = Node(Ops.KERNEL, (p,), LibraryKernel(None, 0, (p,), lib, f"l{i}"))
         c.nodes.append(n)
         costs[id(n)] = lib
         classes.append(c)
-        acc = c if acc is None else _fresh(Op.ADD, acc, c)
+        acc = c if acc is None else _fresh(Ops.ADD, acc, c)
 
     def cost(c, n):
         return costs.get(id(n), 0.0)

@@ -34,7 +34,7 @@ from zyx.backends.host.compiler import CCompiler
 from zyx.backends.registry import registry
 from zyx.graph import schedule
 from zyx.kernel import gpu, ir, opt
-from zyx.kernel.ir import Kernel, Ops, Param, Store
+from zyx.kernel.ir import Kernel, Param, Store
 from zyx.kernel.render import CRenderer
 from zyx.kernel.render_cuda import (
     BFLOAT16_PRELUDE,
@@ -45,6 +45,7 @@ from zyx.kernel.render_cuda import (
     CudaSource,
     render_cuda,
 )
+from zyx.ops import Ops
 
 INFO = gpu.reference_info()
 ARCHS = ("sm_80", "sm_90")

@@ -26,9 +26,10 @@ from zyx.backends.cuda import nvrtc
 from zyx.backends.cuda.args import ArgPack
 from zyx.backends.cuda.emulator import kernels as emu_kernels
 from zyx.kernel import gpu, ir
-from zyx.kernel.ir import Kernel, Ops, Param, Store
+from zyx.kernel.ir import Kernel, Param, Store
 from zyx.kernel.linearize import linearize
 from zyx.kernel.render_cuda import CUDARenderer, render_cuda
+from zyx.ops import Ops
 
 INFO = gpu.reference_info()
 f32 = dtypes.float32

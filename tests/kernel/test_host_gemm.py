@@ -20,10 +20,12 @@ from zyx.backends.base import DeviceInfo
 from zyx.backends.registry import registry
 from zyx.kernel import ir, opt
 from zyx.kernel.contraction import find_contraction
-from zyx.kernel.ir import Kernel, Ops, Param, Store
+from zyx.kernel.ir import Kernel, Param, Store
 from zyx.kernel.render import CRenderer
+from zyx.ops import Ops
 
-HOST2 = DeviceInfo("host", "host", compute_units=2)
+HOST2 = DeviceInfo("host", "host", compute_units=2, vector_bytes=64, vector_registers=32)  # AVX-512
+AVX2 = DeviceInfo("host", "host", compute_units=2, vector_bytes=32, vector_registers=16)
 NP = {dtypes.float32: np.float32, dtypes.float64: np.float64, dtypes.int32: np.int32}
 
 
@@ -76,12 +78,12 @@ def _host():
     return next(dv for dv in registry().get("host").devices if dv.info().kind == "host")
 
 
-def _run_kernel(k: Kernel, xs: list[np.ndarray], params: dict | None = None,
-                off: bool = False) -> tuple[np.ndarray, Kernel]:
+def _run_kernel(k: Kernel, xs: list[np.ndarray], params: dict | None = None, off: bool = False,
+                info: DeviceInfo = HOST2) -> tuple[np.ndarray, Kernel]:
     """Optimize (``"gemm"`` disabled when ``off``), render, compile and run ``k`` on ``xs``; the output and the
     optimized kernel."""
     with passes_off("gemm") if off else contextlib.nullcontext():
-        ko = opt.optimize(k, HOST2, params)
+        ko = opt.optimize(k, info, params)
     src = CRenderer().render(ko)
     lib = _LIBS.get(src)
     if lib is None:
@@ -105,6 +107,24 @@ def _check(out: np.ndarray, ref: np.ndarray, d, kk: int) -> None:
 
 
 # ---- the plan and its rendering ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("registers,n_vectors,tile", [(32, 8, (6, 4)), (32, 3, (12, 2)), (32, 1, (12, 1)),
+                                                       (16, 8, (6, 2)), (16, 2, (6, 2)), (16, 1, (12, 1)),
+                                                       (8, 8, (6, 1))])
+def test_the_register_tile_fits_the_targets_registers(registers, n_vectors, tile):
+    mr, vecs = opt._gemm_shape(n_vectors, registers)
+    assert (mr, vecs) == tile and mr * vecs + vecs + 1 <= registers
+
+
+def test_an_avx2_target_gets_a_tile_of_16_registers_and_it_computes_the_same():
+    k = _mm_kernel(96, 40, 72)
+    g = opt.optimize(k, AVX2).meta["gemm"]
+    assert (g.mr, g.nr) == (6, 16)
+    assert opt.search_space(k, AVX2)["gemm_nr"][:2] == (16, 8)
+    xs = _inputs(96, 40, 72, dtypes.float32, False, False, 1)
+    out, _ = _run_kernel(k, xs, info=AVX2)
+    _check(out, _reference(xs, False, False, False, dtypes.float32), dtypes.float32, 40)
 
 
 def test_256_cube_float32_gets_the_register_tile():

@@ -19,8 +19,9 @@ import zyx
 from zyx import dtypes, utils
 from zyx.backends.base import DeviceInfo
 from zyx.kernel import ir, opt
-from zyx.kernel.ir import Kernel, Ops, Param, Store
+from zyx.kernel.ir import Kernel, Param, Store
 from zyx.kernel.render import CRenderer
+from zyx.ops import Ops
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from conftest import passes_off  # noqa: E402

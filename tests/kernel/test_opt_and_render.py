@@ -8,9 +8,10 @@ import zyx
 from zyx import dtypes
 from zyx.backends.base import DeviceInfo
 from zyx.kernel import ir, opt
-from zyx.kernel.ir import Kernel, Ops, Param, Store
+from zyx.kernel.ir import Kernel, Param, Store
 from zyx.kernel.linearize import Reduce, linearize, walk
 from zyx.kernel.render import CRenderer
+from zyx.ops import Ops
 
 
 def _copy_kernel(shape, perm=None) -> Kernel:

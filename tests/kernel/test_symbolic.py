@@ -8,7 +8,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from zyx.kernel import ir
-from zyx.kernel.ir import Ops
+from zyx.ops import Ops
 
 
 def evaluate(e: ir.Expr, env: dict) -> int:

@@ -34,7 +34,7 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -51,6 +51,17 @@ CACHE_VERSION = 1
 WARMUP = 1  # untimed launches of each candidate before timing (first-touch pages, module load, caches)
 REPEATS = 5  # timed launches of a candidate (median); 3 when one launch takes longer than SLOW_NS
 SLOW_NS = 20_000_000
+
+
+def steady_ns(run: Callable[[], int]) -> float:
+    """The time of one launch as every measurement here takes it (candidates, and the extraction's costs of
+    alternatives): ``WARMUP`` untimed calls of ``run`` (which returns ns), then the median of ``REPEATS`` (3 when
+    a launch takes longer than ``SLOW_NS``)."""
+    for _ in range(WARMUP):
+        run()
+    times = [run()]
+    times += [run() for _ in range((3 if times[0] > SLOW_NS else REPEATS) - 1)]
+    return float(statistics.median(times))
 
 
 class Tunable(Protocol):
@@ -279,15 +290,10 @@ def _search(device: Tunable, kernel: Kernel, space: dict[str, tuple[int, ...]], 
             if src not in programs:
                 programs[src] = device.compile_candidate(kernel, params)
             pid = programs[src][0]
-            for _ in range(WARMUP):
-                timed(pid)
-            times = [timed(pid)]
-            reps = 3 if times[0] > SLOW_NS else REPEATS
-            times += [timed(pid) for _ in range(reps - 1)]
+            return steady_ns(lambda: timed(pid))
         except BackendError as e:
             log("autotune", f"{name} {kernel.name}: candidate {_describe(params)} failed: {e.context}")
             raise CandidateFailed(str(e)) from e
-        return statistics.median(times)
 
     def timed(pid: ProgramId) -> int:
         STATS["autotune_timed"] += 1

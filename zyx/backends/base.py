@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from zyx.kernel.target import DeviceInfo  # what code generation may assume; the kernel layer owns it
@@ -75,6 +76,23 @@ class Pool(ABC):
 
     def sync(self) -> None:  # noqa: B027 - optional hook, nothing to do for synchronous pools
         """Wait until all work queued on this pool's buffers completed (default: nothing is queued)."""
+
+
+@dataclass(frozen=True, eq=False)
+class LibraryKernel:
+    """What a device's ``match_graph`` offers for a graph class (it becomes an ``Ops.KERNEL`` node there): a
+    program on that device and its estimated time.
+
+    ``inputs`` are the graph classes the program reads, in launch-argument order (the output comes last); each
+    input is materialized contiguously before the launch.
+    """
+
+    device: object
+    program: int
+    inputs: tuple
+    est_ns: float
+    name: str
+    layout: object = None  # device-specific data (strides, transposition flags)
 
 
 class Device(ABC):

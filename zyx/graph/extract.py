@@ -1,6 +1,6 @@
 """Extraction: choose one node per needed class so that the total estimated time is least.
 
-A class's alternatives are its own node (fused generated code) and the ``Op.KERNEL`` library nodes devices
+A class's alternatives are its own node (fused generated code) and the ``Ops.KERNEL`` library nodes devices
 added in ``match_graph``. The total time of a choice counts every class reachable from the outputs through
 the chosen nodes once (shared inputs are paid once), which is why choosing per class greedily is not
 optimal in general. Small choice spaces are searched exhaustively; larger ones start from a greedy choice
@@ -15,9 +15,13 @@ import itertools
 import math
 from collections.abc import Callable, Mapping
 
+from zyx.backends.base import LibraryKernel
+from zyx.dtypes import DType
+from zyx.graph import ops as g
 from zyx.graph.match import BiasAdd, Matmul, match_bias_add, match_matmul
 from zyx.graph.match_attention import Attention, match_attention
-from zyx.graph.node import ELEMENTWISE, Class, LibraryKernel, Node, Op
+from zyx.graph.node import Class, Node
+from zyx.ops import ELEMENTWISE, Ops
 from zyx.utils import debug_on, log
 
 CostFn = Callable[[Class, Node], float]
@@ -59,11 +63,15 @@ class Graph:
             self._bias_adds = [b for c in self.classes if (b := match_bias_add(c, by_class)) is not None]
         return self._bias_adds
 
+    def cast(self, c: Class, dtype: DType) -> Class:
+        """``c`` converted to ``dtype`` (a new class a library alternative may read; generated code computes it)."""
+        return g.cast(c, dtype)
+
     def add_alternative(self, c: Class, kernel: LibraryKernel) -> None:
         for n in c.nodes[1:]:
             if n.arg.device is kernel.device and n.arg.name == kernel.name and n.srcs == tuple(kernel.inputs):
                 return  # planned before (same class, same device): keep one copy
-        c.nodes.append(Node(Op.KERNEL, tuple(kernel.inputs), kernel))
+        c.nodes.append(Node(Ops.KERNEL, tuple(kernel.inputs), kernel))
 
 
 def default_cost(compute_units: Callable[[str], int],
@@ -78,11 +86,11 @@ def default_cost(compute_units: Callable[[str], int],
             t = measured.get((id(c), id(n)))
             if t is not None:
                 return t
-        if n.op is Op.KERNEL:
+        if n.op is Ops.KERNEL:
             return n.arg.est_ns
         if n.op in ELEMENTWISE:
             return c.numel * GENERATED_NS_PER_ELEMENT / compute_units(c.device)
-        if n.op is Op.REDUCE:
+        if n.op is Ops.REDUCE:
             return n.srcs[0].numel * GENERATED_NS_PER_ELEMENT / compute_units(c.device)
         return 0.0
 
@@ -108,7 +116,7 @@ def needed(outputs: list[Class], choice: dict[int, Node]) -> list[Class]:
             if done:
                 order.append(c)
                 continue
-            if id(c) in seen or c.realized or c.op is Op.VAR:
+            if id(c) in seen or c.realized or c.op is Ops.VAR:
                 continue
             seen.add(id(c))
             stack.append((c, True))
@@ -133,7 +141,7 @@ def extract(outputs: list[Class], cost: CostFn, exhaustive_limit: int = EXHAUSTI
     frontier = list(outputs)
     while frontier:
         c = frontier.pop()
-        if id(c) in seen or c.realized or c.op is Op.VAR:
+        if id(c) in seen or c.realized or c.op is Ops.VAR:
             continue
         seen.add(id(c))
         if len(c.nodes) > 1:
@@ -179,7 +187,7 @@ def _memoized(cost: CostFn) -> CostFn:
 
 
 def _label(n: Node) -> str:
-    return f"library:{n.arg.name}" if n.op is Op.KERNEL else f"generated:{n.op.value}"
+    return f"library:{n.arg.name}" if n.op is Ops.KERNEL else f"generated:{n.op.name.lower()}"
 
 
 def _greedy_then_improve(outputs: list[Class], choosable: list[Class], cost: CostFn) -> dict[int, Node]:
@@ -187,7 +195,7 @@ def _greedy_then_improve(outputs: list[Class], choosable: list[Class], cost: Cos
     memo: dict[int, float] = {}
 
     def tree(c: Class) -> float:
-        if c.realized or c.op is Op.VAR:
+        if c.realized or c.op is Ops.VAR:
             return 0.0
         if id(c) not in memo:
             memo[id(c)] = math.inf  # cycle guard
@@ -217,7 +225,7 @@ def _lower_bound(outputs: list[Class], partial: dict[int, Node], open_ids: set[i
     total, seen, stack = 0.0, set(), list(outputs)
     while stack:
         c = stack.pop()
-        if id(c) in seen or c.realized or c.op is Op.VAR:
+        if id(c) in seen or c.realized or c.op is Ops.VAR:
             continue
         seen.add(id(c))
         if id(c) in open_ids and id(c) not in partial:

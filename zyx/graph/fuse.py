@@ -22,14 +22,13 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 
 from zyx.backends.base import BackendError, ErrorStatus
-from zyx.graph.lower import DIRECT_IR, KernelBuilder, recompute_factors
-from zyx.graph.node import ELEMENTWISE, Class, Node, Op
-from zyx.kernel.ir import TRANSCENDENTAL, Ops
+from zyx.graph.lower import KernelBuilder, recompute_factors
+from zyx.graph.node import Class, Node
+from zyx.ops import ELEMENTWISE, TRANSCENDENTAL, Ops
 from zyx.utils import log
 
 SHARED_ELEMENTWISE_COST = 12
 INLINE_STORED_COST = 16
-_TRANSCENDENTAL = frozenset(op for op, ir_op in DIRECT_IR.items() if ir_op in TRANSCENDENTAL)
 
 
 @dataclass
@@ -59,10 +58,10 @@ def _cone_cost(c: Class, stop: set[Class], memo: dict[int, int]) -> int:
     """Cost of inlining ``c``: element ops (transcendentals 4), a reduce counts as unbounded."""
     if id(c) in memo:
         return memo[id(c)]
-    if c.realized or c in stop or c.op is Op.VAR:
+    if c.realized or c in stop or c.op is Ops.VAR:
         return 0
     n = c.node
-    own = 4 if n.op in _TRANSCENDENTAL else (1 if n.op in ELEMENTWISE else (1 << 20 if n.op is Op.REDUCE else 0))
+    own = 4 if n.op in TRANSCENDENTAL else (1 if n.op in ELEMENTWISE else (1 << 20 if n.op is Ops.REDUCE else 0))
     memo[id(c)] = own + sum(_cone_cost(s, stop, memo) for s in n.srcs)
     return memo[id(c)]
 
@@ -76,7 +75,7 @@ def _kernel_users(order: list[Class], stored: set[Class]) -> dict[int, set[int]]
         stack, seen = list(root.srcs), set()
         while stack:
             c = stack.pop()
-            if id(c) in seen or c.realized or c in stored or c.op is Op.VAR:
+            if id(c) in seen or c.realized or c in stored or c.op is Ops.VAR:
                 continue
             seen.add(id(c))
             out.setdefault(id(c), set()).add(id(root))
@@ -89,7 +88,7 @@ def _aliases(outputs: list[Class], stored: set[Class]) -> dict[int, Class]:
     out: dict[int, Class] = {}
     for c in outputs:
         src = c
-        while not src.realized and src.op in (Op.RESHAPE, Op.CONTIGUOUS):
+        while not src.realized and src.op in (Ops.RESHAPE, Ops.CONTIGUOUS):
             src = src.srcs[0]
         if src is not c and (src.realized or (src in stored and id(src) not in out)) and src.device == c.device:
             out[id(c)] = src
@@ -104,7 +103,7 @@ def _loads(c: Class, node: Node, loaded: set[Class], inline: set[Class]) -> list
         if id(s) in seen:
             continue
         seen.add(id(s))
-        if s.op is Op.VAR and not s.realized:
+        if s.op is Ops.VAR and not s.realized:
             continue
         if s.realized or (s in loaded and s not in inline):
             out.append(s)
@@ -119,17 +118,17 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
 
     stored: set[Class] = set(outputs)
     for c in order:
-        if c.op in (Op.COPY, Op.CONTIGUOUS, Op.SCAN):
+        if c.op in (Ops.COPY, Ops.CONTIGUOUS, Ops.SCAN):
             stored.add(c)
-            if c.op is Op.COPY:
+            if c.op is Ops.COPY:
                 stored.add(c.srcs[0])
         n = chosen.get(id(c))
-        if n is not None and n.op is Op.KERNEL:
+        if n is not None and n.op is Ops.KERNEL:
             stored.add(c)
             stored.update(n.arg.inputs)
 
     for c in order:  # a scan kernel holds no reduce: a reduce feeding it is stored first
-        if c.op is Op.SCAN and _cone_cost(c.srcs[0], stored, {}) >= 1 << 20:
+        if c.op is Ops.SCAN and _cone_cost(c.srcs[0], stored, {}) >= 1 << 20:
             stored.add(c.srcs[0])
     position = {id(c): i for i, c in enumerate(order)}
     by_id = {id(c): c for c in order}
@@ -140,7 +139,7 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
         memo: dict[int, int] = {}
         shared = [c for c in order if c not in stored and
                   len({(by_id[r].device, by_id[r].shape) for r in users.get(id(c), ())}) > 1 and
-                  (c.op is Op.REDUCE or
+                  (c.op is Ops.REDUCE or
                    (c.op in ELEMENTWISE and _cone_cost(c, stored, memo) >= SHARED_ELEMENTWISE_COST))]
         if shared:
             c = max(shared, key=lambda x: position[id(x)])
@@ -148,8 +147,8 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
             stored.add(c)
             continue
         aliases = _aliases(outputs, stored)
-        roots = [c for c in order if c in stored and c.numel and id(c) not in aliases and c.op is not Op.COPY and
-                 computed_by(c).op is not Op.KERNEL]
+        roots = [c for c in order if c in stored and c.numel and id(c) not in aliases and c.op is not Ops.COPY and
+                 computed_by(c).op is not Ops.KERNEL]
         # stored, but cheap enough that other kernels recompute them rather than wait for them
         inline = {c for c in roots if c.op in ELEMENTWISE and
                   _cone_cost(c, stored - {c}, {}) < INLINE_STORED_COST}
@@ -158,9 +157,9 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
         reads: dict[int, list[Class]] = {}  # everything c's kernel loads (leaves too)
         for c in units:
             n = computed_by(c)
-            if c.op is Op.COPY:
+            if c.op is Ops.COPY:
                 ds = [c.srcs[0]]
-            elif n.op is Op.KERNEL:
+            elif n.op is Ops.KERNEL:
                 ds = list(n.arg.inputs)
             else:
                 ds = _loads(c, n, stored, inline)
@@ -182,7 +181,7 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
         buckets: dict[tuple, list[list[Class]]] = {}
         for u, ms in members.items():
             if id(ms[0]) in root_ids:
-                alone = id(ms[0]) if ms[0].op is Op.SCAN else None  # a scan's loop order is its own
+                alone = id(ms[0]) if ms[0].op is Ops.SCAN else None  # a scan's loop order is its own
                 buckets.setdefault((depth[u], ms[0].device, ms[0].shape, alone), []).append(ms)
         groups = [(key[0], g) for key, units_ in buckets.items() for g in _share_groups(units_, reads)]
         result: list[KernelGroup] = []
@@ -242,7 +241,7 @@ def _contract(units: list[Class], deps: dict[int, list[Class]], root_ids: set[in
         if id(c) not in root_ids:
             continue
         for d in deps[id(c)]:
-            if id(d) not in root_ids or d.shape != c.shape or d.device != c.device or Op.SCAN in (c.op, d.op):
+            if id(d) not in root_ids or d.shape != c.shape or d.device != c.device or Ops.SCAN in (c.op, d.op):
                 continue
             a, b = find(id(d)), find(id(c))
             if a == b:

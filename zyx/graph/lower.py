@@ -12,21 +12,15 @@ import math
 from collections.abc import Sequence
 
 from zyx import dtypes
-from zyx.graph.node import Class, Op, contiguous_strides
+from zyx.graph.node import Class, contiguous_strides
 from zyx.kernel import ir
-from zyx.kernel.ir import Expr, Ops
+from zyx.kernel.ir import Expr
 from zyx.kernel.linearize import Block, Reduce, linearize
+from zyx.ops import ELEMENTWISE, Ops
 
-DIRECT_IR = {  # graph op -> the IR op that computes it elementwise
-    Op.NEG: Ops.NEG, Op.NOT: Ops.NOT, Op.EXP: Ops.EXP, Op.EXP2: Ops.EXP2, Op.LOG: Ops.LOG,
-    Op.LOG2: Ops.LOG2, Op.SIN: Ops.SIN, Op.COS: Ops.COS, Op.TAN: Ops.TAN, Op.TANH: Ops.TANH,
-    Op.ERF: Ops.ERF, Op.SQRT: Ops.SQRT, Op.RECIP: Ops.RECIP, Op.ABS: Ops.ABS, Op.FLOOR: Ops.FLOOR,
-    Op.CEIL: Ops.CEIL, Op.ROUND: Ops.ROUND, Op.TRUNC: Ops.TRUNC, Op.ISNAN: Ops.ISNAN, Op.ISINF: Ops.ISINF,
-    Op.ADD: Ops.ADD, Op.SUB: Ops.SUB, Op.MUL: Ops.MUL, Op.DIV: Ops.DIV, Op.POW: Ops.POW, Op.MAX: Ops.MAX,
-    Op.MIN: Ops.MIN, Op.CMPLT: Ops.CMPLT, Op.CMPLE: Ops.CMPLE, Op.CMPEQ: Ops.CMPEQ, Op.CMPNE: Ops.CMPNE,
-    Op.AND: Ops.AND, Op.OR: Ops.OR, Op.XOR: Ops.XOR, Op.SHL: Ops.SHL, Op.SHR: Ops.SHR, Op.WHERE: Ops.WHERE}
+# graph ops that lower to the same kernel op, elementwise (CAST, IDIV and MOD have rules of their own)
+DIRECT = ELEMENTWISE - {Ops.CAST, Ops.IDIV, Ops.MOD}
 _HALFS = (dtypes.float16, dtypes.bfloat16)
-REDUCE_IR = {"add": Ops.ADD, "mul": Ops.MUL, "max": Ops.MAX, "min": Ops.MIN, "or": Ops.OR, "and": Ops.AND}
 
 
 def ravel(idx: Sequence[Expr], shape: Sequence[int]) -> Expr:
@@ -105,7 +99,7 @@ class KernelBuilder:
         axis becomes the innermost loop: the scan carries its accumulator along that loop."""
         if not self.loops:
             self.loops = tuple(self.new_range(s) for s in c.shape)
-            if c.op is Op.SCAN:
+            if c.op is Ops.SCAN:
                 ax = c.node.arg[1]
                 self.loop_order = self.loops[:ax] + self.loops[ax + 1:] + (self.loops[ax],)
         p = self._param(c, "out")
@@ -122,7 +116,7 @@ class KernelBuilder:
         e = self._memo.get(key)
         if e is None:
             if c.realized or c in self.materialized:
-                if c.op is Op.VAR:
+                if c.op is Ops.VAR:
                     e = ir.var(self._param(c, "var"), c.dtype)
                 else:
                     e = ir.load(self._param(c, "in"), c.dtype, ravel(idx, c.shape), gate)
@@ -134,23 +128,23 @@ class KernelBuilder:
     def _compute(self, c: Class, idx: tuple[Expr, ...], gate: Expr | None) -> Expr:  # noqa: C901
         node = c.node
         op, srcs, arg = node.op, node.srcs, node.arg
-        if op is Op.CONST:
+        if op is Ops.CONST:
             return ir.const(arg, c.dtype)
-        if op is Op.VAR:
+        if op is Ops.VAR:
             return ir.var(self._param(c, "var"), c.dtype)
-        if op is Op.IOTA:
+        if op is Ops.IOTA:
             return ir.cast(idx[0], c.dtype)
-        if op is Op.CONTIGUOUS:
+        if op is Ops.CONTIGUOUS:
             return self.lower(srcs[0], idx, gate)
-        if op is Op.CAST:
+        if op is Ops.CAST:
             return ir.cast(self.lower(srcs[0], idx, gate), c.dtype)
-        if op is Op.IDIV:
+        if op is Ops.IDIV:
             return self._floordiv(*(self.lower(s, idx, gate) for s in srcs))
-        if op is Op.MOD:
+        if op is Ops.MOD:
             return self._remainder(*(self.lower(s, idx, gate) for s in srcs))
-        if op in DIRECT_IR:
-            return ir.alu(DIRECT_IR[op], *(self.lower(s, idx, gate) for s in srcs))
-        if op is Op.REDUCE:
+        if op in DIRECT:
+            return ir.alu(op, *(self.lower(s, idx, gate) for s in srcs))
+        if op is Ops.REDUCE:
             rop, axes = arg
             src = srcs[0]
             new = list(idx)
@@ -159,32 +153,32 @@ class KernelBuilder:
                 r = self.new_range(src.shape[a])
                 new[a] = r
                 rngs.append(r)
-            e = ir.reduce(REDUCE_IR[rop], self.lower(src, tuple(new), gate), tuple(rngs))
+            e = ir.reduce(rop, self.lower(src, tuple(new), gate), tuple(rngs))
             if e.op is Ops.REDUCE:
                 self.reduce_class[e] = c
             return e
-        if op is Op.SCAN:
+        if op is Ops.SCAN:
             rop, axis = arg
             r = idx[axis]
             if r.op is not Ops.RANGE or not self.loop_order or r is not self.loop_order[-1]:
                 raise NotImplementedError("a scan is computed only by its own kernel (it is always stored)")
-            return ir.scan(REDUCE_IR[rop], self.lower(srcs[0], idx, gate), r)
-        if op is Op.RESHAPE:
+            return ir.scan(rop, self.lower(srcs[0], idx, gate), r)
+        if op is Ops.RESHAPE:
             return self.lower(srcs[0], reshape_index(idx, c.shape, srcs[0].shape), gate)
-        if op is Op.PERMUTE:
+        if op is Ops.PERMUTE:
             inv = [None] * len(arg)
             for d, o in enumerate(arg):
                 inv[o] = idx[d]
             return self.lower(srcs[0], tuple(inv), gate)
-        if op is Op.EXPAND:
+        if op is Ops.EXPAND:
             zero = ir.const(0, ir.index_dtype)
             src_shape = srcs[0].shape
             new = tuple(zero if s == 1 and o != 1 else i for i, s, o in zip(idx, src_shape, c.shape))
             return self.lower(srcs[0], new, gate)
-        if op is Op.SHRINK:
+        if op is Ops.SHRINK:
             new = tuple(i * step + start if (start, step) != (0, 1) else i for i, (start, step) in zip(idx, arg))
             return self.lower(srcs[0], new, gate)
-        if op is Op.PAD:
+        if op is Ops.PAD:
             pads, fill = arg
             valid = ir.const(True, dtypes.bool_)
             new = []
@@ -197,7 +191,7 @@ class KernelBuilder:
             inner_gate = valid if gate is None else ir.and_(gate, valid)
             v = self.lower(srcs[0], tuple(new), inner_gate if valid.op is not Ops.CONST else gate)
             return ir.where(valid, v, ir.const(fill, c.dtype))
-        if op is Op.GATHER:
+        if op is Ops.GATHER:
             x, index = srcs
             axis = arg
             nd = len(index.shape)
@@ -221,7 +215,7 @@ class KernelBuilder:
         # NumPy's floor_divide: exact via fmod, then rounding of the quotient
         d = a.dtype
         zero = ir.const(0.0, d)
-        m = ir.alu(Ops.MOD, a, b)
+        m = ir.alu(Ops.FMOD, a, b)
         div = ir.alu(Ops.DIV, ir.alu(Ops.SUB, a, m), b)
         adjust = ir.and_(ir.alu(Ops.CMPNE, m, zero),
                          ir.alu(Ops.CMPNE, ir.alu(Ops.CMPLT, b, zero), ir.alu(Ops.CMPLT, m, zero)))
@@ -240,7 +234,7 @@ class KernelBuilder:
         if a.dtype in _HALFS:
             return ir.cast(KernelBuilder._remainder(ir.cast(a, dtypes.float32), ir.cast(b, dtypes.float32)), a.dtype)
         zero = ir.const(0.0, a.dtype)
-        m = ir.alu(Ops.MOD, a, b)
+        m = ir.alu(Ops.FMOD, a, b)
         fix = ir.and_(ir.alu(Ops.CMPNE, m, zero),
                       ir.alu(Ops.CMPNE, ir.alu(Ops.CMPLT, b, zero), ir.alu(Ops.CMPLT, m, zero)))
         m = ir.where(ir.alu(Ops.CMPEQ, m, zero), _signed_zero(b), m)  # a zero remainder has the divisor's sign

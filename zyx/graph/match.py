@@ -16,7 +16,8 @@ import math
 from dataclasses import dataclass
 
 from zyx.dtypes import DType
-from zyx.graph.node import Class, Op, contiguous_strides
+from zyx.graph.node import Class, contiguous_strides
+from zyx.ops import Ops
 
 
 @dataclass(frozen=True)
@@ -65,11 +66,11 @@ def _reshape_strides(old_shape, old_strides, new_shape) -> tuple[int, ...] | Non
     return tuple(new_strides)
 
 
-_MOVES = (Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.SHRINK)
+_MOVES = (Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.SHRINK)
 
 
 def _widening(c: Class) -> bool:
-    return c.op is Op.CAST and c.dtype.is_float and c.srcs[0].dtype.is_float and \
+    return c.op is Ops.CAST and c.dtype.is_float and c.srcs[0].dtype.is_float and \
         c.srcs[0].dtype.itemsize <= c.dtype.itemsize
 
 
@@ -79,7 +80,7 @@ def view_of(c: Class) -> View:
     cast_seen = False
     cur = c
     while not cur.realized and (cur.op in _MOVES or (not cast_seen and _widening(cur))):
-        cast_seen |= cur.op is Op.CAST
+        cast_seen |= cur.op is Ops.CAST
         cur = cur.srcs[0]
     return _walk(c, cur)
 
@@ -88,7 +89,7 @@ def _walk(c: Class, base: Class) -> View:
     """Strides of ``c`` over ``base`` through the movement ops (and the cast) between them."""
     chain, cast, cur = [], None, c
     while cur is not base:
-        if cur.op is Op.CAST:
+        if cur.op is Ops.CAST:
             cast = cur.dtype
         else:
             chain.append(cur)
@@ -96,11 +97,11 @@ def _walk(c: Class, base: Class) -> View:
     strides, offset, shape = contiguous_strides(base.shape), 0, base.shape
     for m in reversed(chain):
         node = m.node
-        if node.op is Op.PERMUTE:
+        if node.op is Ops.PERMUTE:
             strides = tuple(strides[o] for o in node.arg)
-        elif node.op is Op.EXPAND:
+        elif node.op is Ops.EXPAND:
             strides = tuple(0 if s == 1 and n != 1 else st for s, n, st in zip(shape, m.shape, strides))
-        elif node.op is Op.SHRINK:
+        elif node.op is Ops.SHRINK:
             offset += sum(start * st for (start, _), st in zip(node.arg, strides))
             strides = tuple(st * step for (_, step), st in zip(node.arg, strides))
         else:
@@ -159,13 +160,13 @@ def _merge(dims: list[int], shape, *stride_sets) -> tuple[int, list[int]] | None
 
 
 def match_matmul(c: Class) -> Matmul | None:
-    if c.realized or c.op is not Op.REDUCE:
+    if c.realized or c.op is not Ops.REDUCE:
         return None
     rop, axes = c.node.arg
-    if rop != "add" or len(axes) != 1:
+    if rop != Ops.ADD or len(axes) != 1:
         return None
     prod = c.srcs[0]
-    if prod.realized or prod.op is not Op.MUL or not prod.dtype.is_float:
+    if prod.realized or prod.op is not Ops.MUL or not prod.dtype.is_float:
         return None
     kax = axes[0]
     shape = prod.shape
@@ -223,7 +224,7 @@ class BiasAdd:
 
 def match_bias_add(c: Class, matmul_of: dict[int, Matmul]) -> BiasAdd | None:
     """The bias add ``c`` computes over one of the matmuls of ``matmul_of`` (keyed by ``id`` of their class)."""
-    if c.realized or c.op is not Op.ADD or not c.shape:
+    if c.realized or c.op is not Ops.ADD or not c.shape:
         return None
     for x, y in (c.srcs, c.srcs[::-1]):
         xv = view_of(x)

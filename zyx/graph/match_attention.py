@@ -29,9 +29,10 @@ from dataclasses import dataclass
 
 from zyx.dtypes import DType
 from zyx.graph.match import View, match_matmul, view_of
-from zyx.graph.node import Class, Op, contiguous_strides
+from zyx.graph.node import Class, contiguous_strides
+from zyx.ops import Ops
 
-_MOVES = (Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.SHRINK)
+_MOVES = (Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.SHRINK)
 
 
 @dataclass(frozen=True)
@@ -79,24 +80,24 @@ class Attention:
         return 2 * math.prod(self.batch) * self.L * self.S * (self.E + self.Ev)
 
 
-def _live(c: Class, op: Op) -> bool:
+def _live(c: Class, op: Ops) -> bool:
     return not c.realized and c.op is op
 
 
 def _matmul_reduce(c: Class) -> Class | None:
     """The sum-reduce of the matmul whose result (as ``@`` returns it) is ``c``: an optional float cast of the
     reshape that drops the reduced (last, kept as size 1) axis of a ``match_matmul`` reduce."""
-    if _live(c, Op.CAST):
+    if _live(c, Ops.CAST):
         if not (c.dtype.is_float and c.srcs[0].dtype.is_float):
             return None
         c = c.srcs[0]
-    if not _live(c, Op.RESHAPE):
+    if not _live(c, Ops.RESHAPE):
         return None
     r = c.srcs[0]
-    if not _live(r, Op.REDUCE) or r.shape[:-1] != c.shape or r.shape[-1] != 1:
+    if not _live(r, Ops.REDUCE) or r.shape[:-1] != c.shape or r.shape[-1] != 1:
         return None
     rop, axes = r.node.arg
-    if rop != "add" or tuple(axes) != (len(r.shape) - 1,) or len(r.shape) < 3 or match_matmul(r) is None:
+    if rop != Ops.ADD or tuple(axes) != (len(r.shape) - 1,) or len(r.shape) < 3 or match_matmul(r) is None:
         return None
     return r
 
@@ -120,7 +121,7 @@ def _constant(c: Class) -> float | None:
     """The value of a scalar constant read through movement ops, or None (not constant, not finite)."""
     while not c.realized and c.op in _MOVES:
         c = c.srcs[0]
-    if not _live(c, Op.CONST):
+    if not _live(c, Ops.CONST):
         return None
     value = c.node.arg
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -130,24 +131,24 @@ def _constant(c: Class) -> float | None:
 
 def _scaled_scores(x: Class) -> tuple[Class, float] | None:
     """(the q @ kᵀ reduce, scale) when ``x`` is ``scores * c``, ``c * scores``, ``scores / c`` or ``scores``."""
-    if _live(x, Op.MUL):
+    if _live(x, Ops.MUL):
         for s, c in (x.srcs, x.srcs[::-1]):
             value, r = _constant(c), _matmul_reduce(s)
             if value is not None and r is not None:
                 return r, value
         return None
-    if _live(x, Op.DIV):
+    if _live(x, Ops.DIV):
         value, r = _constant(x.srcs[1]), _matmul_reduce(x.srcs[0])
         return (r, 1.0 / value) if value and r is not None else None
     r = _matmul_reduce(x)
     return (r, 1.0) if r is not None else None
 
 
-def _last_axis_reduce_of(c: Class, rop: str, src: Class) -> bool:
+def _last_axis_reduce_of(c: Class, rop: Ops, src: Class) -> bool:
     """``c`` is ``src`` reduced with ``rop`` over its last axis (kept), broadcast back to ``src``'s shape."""
-    if _live(c, Op.EXPAND):
+    if _live(c, Ops.EXPAND):
         c = c.srcs[0]
-    if not _live(c, Op.REDUCE) or c.srcs[0] is not src or c.shape != src.shape[:-1] + (1,):
+    if not _live(c, Ops.REDUCE) or c.srcs[0] is not src or c.shape != src.shape[:-1] + (1,):
         return False
     op, axes = c.node.arg
     return op == rop and tuple(axes) == (len(src.shape) - 1,)
@@ -155,13 +156,13 @@ def _last_axis_reduce_of(c: Class, rop: str, src: Class) -> bool:
 
 def _softmax_input(p: Class) -> Class | None:
     """``x`` when ``p`` is ``Tensor.softmax(x, -1)``: ``e / sum(e, -1)`` with ``e = exp(x - max(x, -1))``."""
-    if not _live(p, Op.DIV):
+    if not _live(p, Ops.DIV):
         return None
     e, den = p.srcs
-    if not _live(e, Op.EXP) or not _last_axis_reduce_of(den, "add", e):
+    if not _live(e, Ops.EXP) or not _last_axis_reduce_of(den, Ops.ADD, e):
         return None
     z = e.srcs[0]
-    if not _live(z, Op.SUB) or not _last_axis_reduce_of(z.srcs[1], "max", z.srcs[0]):
+    if not _live(z, Ops.SUB) or not _last_axis_reduce_of(z.srcs[1], Ops.MAX, z.srcs[0]):
         return None
     return z.srcs[0]
 
@@ -190,7 +191,7 @@ def match_attention(c: Class) -> Attention | None:
         return None
     x, vv = found[0]
     mask, scaled = None, None
-    if _live(x, Op.ADD):
+    if _live(x, Ops.ADD):
         for s, m in (x.srcs, x.srcs[::-1]):
             scaled = _scaled_scores(s)
             if scaled is not None:

@@ -3,7 +3,7 @@
 For a matmul class (``match_matmul``) that a device offered a library kernel for, both ways of computing it
 run on scratch inputs of the same shapes, dtypes and strides: the library program alone, and the generated
 kernels of a copy of the matmul's subgraph (its operands replaced by fresh leaves), each with
-``Device.launch_timed`` (the least of ``RUNS`` after a warm-up: noise only ever adds time). The copy is
+``Device.launch_timed`` (``autotune.steady_ns``: the statistic the kernel search uses too). The copy is
 planned without library alternatives, so it is exactly what extraction's generated choice would compile.
 Times are kept on disk (``<cache>/measured_costs.json``) keyed by the device, the matmul's signature and the
 alternative (the library kernel's name; the generated kernels' source hash), so a later process times nothing
@@ -24,11 +24,13 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from zyx.backends.autotune import steady_ns
+from zyx.backends.base import LibraryKernel
 from zyx.graph.match import Matmul
-from zyx.graph.node import Buffer, Class, LibraryKernel, Op, leaf, make
+from zyx.graph.node import Buffer, Class, leaf, make
+from zyx.ops import Ops
 from zyx.utils import STATS, cache_dir, log
 
-RUNS = 5  # timed launches per alternative (after one warm-up); the least counts
 Costs = dict[tuple[int, int], float]
 
 
@@ -111,15 +113,9 @@ def _scratch(c: Class, pool) -> Buffer:
     return b
 
 
-def least_ns(run: Callable[[], int]) -> float:
-    """The least of ``RUNS`` timings by ``run`` (ns), after one untimed warm-up."""
-    run()
-    return float(min(run() for _ in range(RUNS)))
-
-
 def _time_library(lib: LibraryKernel, out: Class, pool) -> float:
     bufs = [_scratch(c, pool) for c in (*lib.inputs, out)]
-    return least_ns(lambda: lib.device.launch_timed(lib.program, [b.id for b in bufs]))
+    return steady_ns(lambda: lib.device.launch_timed(lib.program, [b.id for b in bufs]))
 
 
 def matmul_costs(matmuls: Iterable[Matmul], pool_of: Callable[[str], object], device_key: Callable[[str], str],
@@ -133,8 +129,8 @@ def matmul_costs(matmuls: Iterable[Matmul], pool_of: Callable[[str], object], de
     costs: Costs = {}
     for m in matmuls:
         c = m.cls
-        libs = [n for n in c.nodes if n.op is Op.KERNEL]
-        if not libs or c.nodes[0].op is not Op.REDUCE:
+        libs = [n for n in c.nodes if n.op is Ops.KERNEL]
+        if not libs or c.nodes[0].op is not Ops.REDUCE:
             continue
         pool, dev, sig, inner = pool_of(c.device), device_key(c.device), signature(m), _inner(m)
         bases = {id(m.a.view.base): m.a.view.base, id(m.b.view.base): m.b.view.base}

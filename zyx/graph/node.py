@@ -2,7 +2,7 @@
 
 Invariants:
 - A ``Class`` is one value (shape, dtype, device). ``nodes[0]`` is the node the tensor op built; devices may
-  append alternatives (``Op.KERNEL`` library nodes) that compute the same value.
+  append alternatives (``Ops.KERNEL`` library nodes) that compute the same value.
 - Node construction is hash-consed: the same op on the same input classes with the same argument returns
   the existing class (free CSE). The cache holds classes weakly, so a class no live tensor reaches is freed
   (and leaves the cache at once).
@@ -13,90 +13,13 @@ Invariants:
 
 from __future__ import annotations
 
-import enum
 import math
 import weakref
-from dataclasses import dataclass
 
 from zyx.backends.base import Pool
 from zyx.dtypes import DType
+from zyx.ops import Ops
 from zyx.utils import STATS
-
-
-class Op(enum.Enum):
-    # leaves
-    BUFFER = "buffer"  # realized; the class holds the Buffer
-    CONST = "const"  # arg = python scalar; shape ()
-    VAR = "var"  # scalar whose value is a launch argument, not part of the structure; shape ()
-    IOTA = "iota"  # 0..n-1 along the only axis
-    # elementwise unary
-    NEG = "neg"
-    NOT = "not"
-    EXP = "exp"
-    EXP2 = "exp2"
-    LOG = "log"
-    LOG2 = "log2"
-    SIN = "sin"
-    COS = "cos"
-    TAN = "tan"
-    TANH = "tanh"
-    ERF = "erf"
-    SQRT = "sqrt"
-    RECIP = "recip"
-    ABS = "abs"
-    FLOOR = "floor"
-    CEIL = "ceil"
-    ROUND = "round"
-    TRUNC = "trunc"
-    ISNAN = "isnan"
-    ISINF = "isinf"
-    CAST = "cast"
-    # elementwise binary
-    ADD = "add"
-    SUB = "sub"
-    MUL = "mul"
-    DIV = "div"  # true division (float operands)
-    IDIV = "idiv"  # floor division, NumPy semantics
-    MOD = "mod"  # remainder with the divisor's sign, NumPy semantics
-    POW = "pow"
-    MAX = "max"
-    MIN = "min"
-    CMPLT = "cmplt"
-    CMPLE = "cmple"
-    CMPEQ = "cmpeq"
-    CMPNE = "cmpne"
-    AND = "and"
-    OR = "or"
-    XOR = "xor"
-    SHL = "shl"
-    SHR = "shr"
-    WHERE = "where"
-    # reduce: arg = (op name in {"add", "mul", "max", "min", "or", "and"}, axes)
-    REDUCE = "reduce"
-    # inclusive scan along one axis: arg = (op name in {"add", "mul"}, axis); always stored (its own kernel)
-    SCAN = "scan"
-    # movement (index arithmetic in the consumer, never a launch)
-    RESHAPE = "reshape"  # arg = new shape
-    PERMUTE = "permute"  # arg = order
-    EXPAND = "expand"  # arg = new shape
-    PAD = "pad"  # arg = (((before, after), ...), fill value)
-    SHRINK = "shrink"  # arg = ((start, step), ...) with the output shape; negative steps flip
-    GATHER = "gather"  # srcs = (x, index), arg = axis
-    # materialization
-    COPY = "copy"  # arg = destination device name
-    CONTIGUOUS = "contiguous"
-    KERNEL = "kernel"  # a library alternative (see LibraryKernel)
-
-
-Op.__hash__ = object.__hash__  # members are singletons: identity hashing is exact and much faster
-
-UNARY = frozenset({Op.NEG, Op.NOT, Op.EXP, Op.EXP2, Op.LOG, Op.LOG2, Op.SIN, Op.COS, Op.TAN, Op.TANH, Op.ERF,
-                   Op.SQRT, Op.RECIP, Op.ABS, Op.FLOOR, Op.CEIL, Op.ROUND, Op.TRUNC, Op.ISNAN, Op.ISINF, Op.CAST})
-BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.IDIV, Op.MOD, Op.POW, Op.MAX, Op.MIN, Op.CMPLT, Op.CMPLE,
-                    Op.CMPEQ, Op.CMPNE, Op.AND, Op.OR, Op.XOR, Op.SHL, Op.SHR})
-ELEMENTWISE = UNARY | BINARY | {Op.WHERE}
-MOVEMENT = frozenset({Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.PAD, Op.SHRINK})
-LEAVES = frozenset({Op.BUFFER, Op.CONST, Op.VAR, Op.IOTA})
 
 
 class Buffer:
@@ -114,22 +37,6 @@ class Buffer:
             pass
 
 
-@dataclass(frozen=True, eq=False)
-class LibraryKernel:
-    """What a device's ``match_graph`` offers for a class: a program on that device and its estimated time.
-
-    ``inputs`` are the classes the program reads, in launch-argument order (the output comes last); each
-    input is materialized contiguously before the launch.
-    """
-
-    device: object
-    program: int
-    inputs: tuple
-    est_ns: float
-    name: str
-    layout: object = None  # device-specific data (strides, transposition flags)
-
-
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     """Row-major element strides of ``shape`` (the last axis 1)."""
     out, acc = [], 1
@@ -142,7 +49,7 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 class Node:
     __slots__ = ("op", "srcs", "arg")
 
-    def __init__(self, op: Op, srcs: tuple[Class, ...], arg) -> None:
+    def __init__(self, op: Ops, srcs: tuple[Class, ...], arg) -> None:
         self.op, self.srcs, self.arg = op, srcs, arg
 
     def __repr__(self) -> str:
@@ -166,8 +73,8 @@ class Class:
         return self.nodes[0]
 
     @property
-    def op(self) -> Op:
-        return Op.BUFFER if self.buffer is not None else self.nodes[0].op
+    def op(self) -> Ops:
+        return Ops.BUFFER if self.buffer is not None else self.nodes[0].op
 
     @property
     def srcs(self) -> tuple[Class, ...]:
@@ -208,7 +115,7 @@ class Class:
 # One Python call per class freed, no allocation besides the reference per class built.
 _cache: dict = {}
 _pop = _cache.pop
-_CONST, _VAR, _PAD = Op.CONST, Op.VAR, Op.PAD
+_CONST, _VAR, _PAD = Ops.CONST, Ops.VAR, Ops.PAD
 
 
 class _Ref(weakref.ref):
@@ -234,7 +141,7 @@ def _float_key(v):
     return v if v and v == v else ("f", v.hex())
 
 
-def make(op: Op, srcs: tuple[Class, ...], arg, shape: tuple[int, ...], dtype: DType, device: str) -> Class:
+def make(op: Ops, srcs: tuple[Class, ...], arg, shape: tuple[int, ...], dtype: DType, device: str) -> Class:
     """The class computing ``op(srcs; arg)``: an existing one when the same node was built before.
 
     Invariant: two live unrealized classes never share a key, so equal keys mean the same value."""
@@ -261,7 +168,7 @@ def make(op: Op, srcs: tuple[Class, ...], arg, shape: tuple[int, ...], dtype: DT
 
 
 def make_const(value, shape: tuple[int, ...], dtype: DType, device: str) -> Class:
-    """``make(Op.CONST, (), value, shape, dtype, device)`` (the same key, so the same class), without the branches
+    """``make(Ops.CONST, (), value, shape, dtype, device)`` (the same key, so the same class), without the branches
     for other ops: constants are built once per scalar operand."""
     karg = (value if value and value == value else ("f", value.hex())) if type(value) is float else value
     key = ((_CONST, karg, dtype, device, shape),)
@@ -284,7 +191,7 @@ def leaf(buffer: Buffer, shape: tuple[int, ...], dtype: DType) -> Class:
 
 
 def var(value, dtype: DType, device: str) -> Class:
-    c = make(Op.VAR, (), None, (), dtype, device)
+    c = make(Ops.VAR, (), None, (), dtype, device)
     c.var_value = value
     return c
 

@@ -10,10 +10,8 @@ import math
 
 from zyx import dtypes
 from zyx.dtypes import DType
-from zyx.graph.node import BINARY, Class, Op, make, make_const
-
-COMPARISONS = frozenset({Op.CMPLT, Op.CMPLE, Op.CMPEQ, Op.CMPNE, Op.ISNAN, Op.ISINF})
-
+from zyx.graph.node import Class, make, make_const
+from zyx.ops import BINARY, COMPARE, IDEMPOTENT, REDUCE_OPS, SCAN_OPS, Ops
 
 # (value, dtype) -> dtypes.as_python(value, dtype), for nonzero, non-NaN Python ints and floats. Exact: values
 # that compare equal (1, 1.0, True) give equal results in every dtype, and the ones that compare equal while
@@ -40,61 +38,60 @@ def const(value, shape: tuple[int, ...], dtype: DType, device: str) -> Class:
 
 
 def iota(n: int, dtype: DType, device: str) -> Class:
-    return make(Op.IOTA, (), None, (n,), dtype, device)
+    return make(Ops.IOTA, (), None, (n,), dtype, device)
 
 
-def unary(op: Op, x: Class) -> Class:
-    d = dtypes.bool_ if op in COMPARISONS else x.dtype
+def unary(op: Ops, x: Class) -> Class:
+    d = dtypes.bool_ if op in COMPARE else x.dtype
     return make(op, (x,), None, x.shape, d, x.device)
 
 
 def cast(x: Class, dtype: DType) -> Class:
     if x.dtype is dtype:
         return x
-    return make(Op.CAST, (x,), None, x.shape, dtype, x.device)
+    return make(Ops.CAST, (x,), None, x.shape, dtype, x.device)
 
 
-def binary(op: Op, a: Class, b: Class) -> Class:
+def binary(op: Ops, a: Class, b: Class) -> Class:
     assert op in BINARY and a.shape == b.shape and a.device == b.device, (op, a, b)
-    d = dtypes.bool_ if op in COMPARISONS else a.dtype
+    d = dtypes.bool_ if op in COMPARE else a.dtype
     return make(op, (a, b), None, a.shape, d, a.device)
 
 
 def where(c: Class, a: Class, b: Class) -> Class:
     assert c.shape == a.shape == b.shape and a.dtype is b.dtype
-    return make(Op.WHERE, (c, a, b), None, a.shape, a.dtype, a.device)
+    return make(Ops.WHERE, (c, a, b), None, a.shape, a.dtype, a.device)
 
 
-_IDEMPOTENT = frozenset({"max", "min", "or", "and"})  # reducing copies of one value gives that value
-
-
-def reduce(op: str, x: Class, axes: tuple[int, ...]) -> Class:
+def reduce(op: Ops, x: Class, axes: tuple[int, ...]) -> Class:
     """Reduce over ``axes`` keeping them as size 1. A reduce of an expanded value is computed before the expand
     (once per distinct value, not once per copy) when no reduced axis was expanded, or when the op ignores
     copies (max, min, or, and: those axes are dropped)."""
+    assert op in REDUCE_OPS, op
     axes = tuple(sorted(a for a in axes if x.shape[a] != 1))
     if not axes:
         return x
     shape = tuple(1 if i in axes else s for i, s in enumerate(x.shape))
-    if _op(x) is Op.EXPAND:
+    if _op(x) is Ops.EXPAND:
         src = x.nodes[0].srcs[0]
         copied = {i for i, (s, o) in enumerate(zip(src.shape, x.shape)) if s != o}
-        if op in _IDEMPOTENT or not copied & set(axes):
+        if op in IDEMPOTENT or not copied & set(axes):
             return expand(reduce(op, src, tuple(a for a in axes if a not in copied)), shape)
-    return make(Op.REDUCE, (x,), (op, axes), shape, x.dtype, x.device)
+    return make(Ops.REDUCE, (x,), (op, axes), shape, x.dtype, x.device)
 
 
-def scan(op: str, x: Class, axis: int) -> Class:
-    """Inclusive running ``op`` ("add" or "mul") along ``axis``."""
+def scan(op: Ops, x: Class, axis: int) -> Class:
+    """Inclusive running ``op`` (``SCAN_OPS``) along ``axis``."""
+    assert op in SCAN_OPS, op
     if x.shape[axis] == 1:
         return x
-    return make(Op.SCAN, (x,), (op, axis), x.shape, x.dtype, x.device)
+    return make(Ops.SCAN, (x,), (op, axis), x.shape, x.dtype, x.device)
 
 
-def _op(x: Class) -> Op:
+def _op(x: Class) -> Ops:
     """``x.op`` without the property call: a realized class has no nodes."""
     n = x.nodes
-    return n[0].op if n else Op.BUFFER
+    return n[0].op if n else Ops.BUFFER
 
 
 def reshape(x: Class, shape: tuple[int, ...]) -> Class:
@@ -103,14 +100,14 @@ def reshape(x: Class, shape: tuple[int, ...]) -> Class:
         return x
     assert math.prod(shape) == math.prod(x.shape), (x.shape, shape)
     op = _op(x)
-    if op is Op.RESHAPE:
+    if op is Ops.RESHAPE:
         x = x.nodes[0].srcs[0]
         if x.shape == shape:
             return x
         op = _op(x)
-    if op is Op.CONST:
+    if op is Ops.CONST:
         return const(x.nodes[0].arg, shape, x.dtype, x.device)
-    return make(Op.RESHAPE, (x,), shape, shape, x.dtype, x.device)
+    return make(Ops.RESHAPE, (x,), shape, shape, x.dtype, x.device)
 
 
 def permute(x: Class, order: tuple[int, ...]) -> Class:
@@ -118,12 +115,12 @@ def permute(x: Class, order: tuple[int, ...]) -> Class:
     if order == tuple(range(len(order))):
         return x
     op = _op(x)
-    if op is Op.CONST:
+    if op is Ops.CONST:
         return const(x.nodes[0].arg, tuple(x.shape[o] for o in order), x.dtype, x.device)
-    if op is Op.PERMUTE:
+    if op is Ops.PERMUTE:
         inner = x.nodes[0].arg
         return permute(x.nodes[0].srcs[0], tuple(inner[o] for o in order))
-    return make(Op.PERMUTE, (x,), order, tuple(x.shape[o] for o in order), x.dtype, x.device)
+    return make(Ops.PERMUTE, (x,), order, tuple(x.shape[o] for o in order), x.dtype, x.device)
 
 
 def expand(x: Class, shape: tuple[int, ...]) -> Class:
@@ -131,9 +128,9 @@ def expand(x: Class, shape: tuple[int, ...]) -> Class:
     if shape == x.shape:
         return x
     assert len(shape) == len(x.shape) and all(s == o or s == 1 for s, o in zip(x.shape, shape)), (x.shape, shape)
-    if _op(x) is Op.CONST:
+    if _op(x) is Ops.CONST:
         return const(x.nodes[0].arg, shape, x.dtype, x.device)
-    return make(Op.EXPAND, (x,), shape, shape, x.dtype, x.device)
+    return make(Ops.EXPAND, (x,), shape, shape, x.dtype, x.device)
 
 
 def pad(x: Class, pads: tuple[tuple[int, int], ...], fill=0) -> Class:
@@ -142,7 +139,7 @@ def pad(x: Class, pads: tuple[tuple[int, int], ...], fill=0) -> Class:
         return x
     fill = dtypes.as_python(fill, x.dtype)
     shape = tuple(s + a + b for s, (a, b) in zip(x.shape, pads))
-    return make(Op.PAD, (x,), (pads, fill), shape, x.dtype, x.device)
+    return make(Ops.PAD, (x,), (pads, fill), shape, x.dtype, x.device)
 
 
 def shrink(x: Class, spec: tuple[tuple[int, int, int], ...]) -> Class:
@@ -151,19 +148,19 @@ def shrink(x: Class, spec: tuple[tuple[int, int, int], ...]) -> Class:
     arg = tuple((a, c) for a, b, c in spec)
     if shape == x.shape and all(s == (0, 1) for s in arg):
         return x
-    if x.op is Op.CONST:
+    if x.op is Ops.CONST:
         return const(x.node.arg, shape, x.dtype, x.device)
-    return make(Op.SHRINK, (x,), arg, shape, x.dtype, x.device)
+    return make(Ops.SHRINK, (x,), arg, shape, x.dtype, x.device)
 
 
 def gather(x: Class, index: Class, axis: int) -> Class:
     shape = x.shape[:axis] + index.shape + x.shape[axis + 1:]
-    return make(Op.GATHER, (x, index), axis, shape, x.dtype, x.device)
+    return make(Ops.GATHER, (x, index), axis, shape, x.dtype, x.device)
 
 
 def copy_to(x: Class, device: str) -> Class:
-    return make(Op.COPY, (x,), device, x.shape, x.dtype, device)
+    return make(Ops.COPY, (x,), device, x.shape, x.dtype, device)
 
 
 def contiguous(x: Class) -> Class:
-    return make(Op.CONTIGUOUS, (x,), None, x.shape, x.dtype, x.device)
+    return make(Ops.CONTIGUOUS, (x,), None, x.shape, x.dtype, x.device)

@@ -20,12 +20,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from zyx.backends import autotune
-from zyx.backends.base import Device, Pool
+from zyx.backends.base import Device, LibraryKernel, Pool
 from zyx.backends.registry import registry
 from zyx.graph import measure
 from zyx.graph.extract import Graph, default_cost, extract, needed
 from zyx.graph.fuse import fuse
-from zyx.graph.node import Buffer, Class, LibraryKernel, Op
+from zyx.graph.node import Buffer, Class
+from zyx.ops import Ops
 from zyx.utils import STATS, debug_on, deep_call, log
 
 SCHEDULE_CACHE_SIZE = 2048
@@ -101,7 +102,7 @@ def walk(outputs: list[Class]) -> tuple[list[Class], list[Class], tuple]:
     index: dict[Class, int] = {}  # class (identity) -> key position; -1 while its sources are being visited
     get, at_of = index.get, index.__getitem__
     add, extend = parts.append, parts.extend
-    var = Op.VAR
+    var = Ops.VAR
     for out in outputs:
         if out in index:
             continue
@@ -156,7 +157,7 @@ def plan(order: list[Class], leaves: list[Class], outputs: list[Class], match: b
             slot[id(c)] = len(slot)
             # copies allocate their destination themselves (it may import the source without copying), except
             # empty ones, which run no step but still need a (zero-byte) buffer
-            if id(c) not in aliases and (c.op is not Op.COPY or c.numel == 0):
+            if id(c) not in aliases and (c.op is not Ops.COPY or c.numel == 0):
                 alloc.append((slot[id(c)], reg.get(c.device).pool, c.device, c.nbytes))
     alias_slots = [(slot[i], slot[id(src)]) for i, src in aliases.items()]
 
@@ -165,11 +166,11 @@ def plan(order: list[Class], leaves: list[Class], outputs: list[Class], match: b
         if c not in stored or c.numel == 0 or id(c) in aliases:
             continue
         node = chosen.get(id(c))
-        if c.op is Op.COPY:
+        if c.op is Ops.COPY:
             src = c.srcs[0]
             step = Step("copy", c.device, f"copy {src.device}->{c.device} {c.nbytes}B", (slot[id(src)], slot[id(c)]),
                         src_pool=reg.get(src.device).pool, dst_pool=reg.get(c.device).pool)
-        elif node is not None and node.op is Op.KERNEL:
+        elif node is not None and node.op is Ops.KERNEL:
             lib: LibraryKernel = node.arg
             args = tuple(slot[id(i)] for i in lib.inputs) + (slot[id(c)],)
             step = Step("library", c.device, lib.name, args, dev=lib.device, program=lib.program, source=lib)
@@ -226,7 +227,7 @@ def _generated_timer(out: Class, leaves: list[Class]) -> tuple[str, Callable[[],
             return sum(st.dev.launch_timed(st.program, [a.id if isinstance(a, Buffer) else a for a in
                                                        map(table.__getitem__, st.args)]) for st in gen)
 
-        return measure.least_ns(run)
+        return autotune.steady_ns(run)
 
     return name, time_plan
 

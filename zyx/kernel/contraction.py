@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zyx.kernel import ir
-from zyx.kernel.ir import Expr, Kernel, Ops
+from zyx.kernel.ir import Expr, Kernel
+from zyx.ops import Ops
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ Invariants:
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import math
 import weakref
@@ -28,76 +27,7 @@ from dataclasses import dataclass, field
 
 from zyx import dtypes
 from zyx.dtypes import DType
-
-
-class Ops(enum.IntEnum):
-    CONST = enum.auto()
-    RANGE = enum.auto()  # arg = (range id, size)
-    VAR = enum.auto()  # scalar kernel parameter, arg = param index
-    LOAD = enum.auto()  # srcs = (index,) or (index, gate); arg = param index
-    # unary
-    NEG = enum.auto()
-    NOT = enum.auto()  # logical not on bool, bitwise not on integers
-    EXP = enum.auto()
-    EXP2 = enum.auto()
-    LOG = enum.auto()
-    LOG2 = enum.auto()
-    SIN = enum.auto()
-    COS = enum.auto()
-    TAN = enum.auto()
-    TANH = enum.auto()
-    ERF = enum.auto()
-    SQRT = enum.auto()
-    RECIP = enum.auto()
-    ABS = enum.auto()
-    FLOOR = enum.auto()
-    CEIL = enum.auto()
-    ROUND = enum.auto()  # half to even
-    TRUNC = enum.auto()
-    ISNAN = enum.auto()
-    ISINF = enum.auto()
-    # binary
-    ADD = enum.auto()
-    SUB = enum.auto()
-    MUL = enum.auto()
-    DIV = enum.auto()  # float division; on integers floor division (NumPy) with x // 0 = 0
-    MOD = enum.auto()  # floats: C fmod (sign of the dividend); integers: floor remainder (NumPy) with x % 0 = 0
-    POW = enum.auto()
-    MAX = enum.auto()  # NaN-propagating
-    MIN = enum.auto()
-    CMPLT = enum.auto()
-    CMPLE = enum.auto()
-    CMPEQ = enum.auto()
-    CMPNE = enum.auto()
-    AND = enum.auto()
-    OR = enum.auto()
-    XOR = enum.auto()
-    SHL = enum.auto()
-    SHR = enum.auto()
-    # ternary
-    WHERE = enum.auto()
-    # conversion
-    CAST = enum.auto()
-    BITCAST = enum.auto()
-    # loops
-    REDUCE = enum.auto()  # srcs = (value,), arg = (op, ranges); dtype = accumulator dtype
-    SCAN = enum.auto()  # srcs = (value, range): the fold of ``value`` over range values <= the current; arg = op
-    # local (stack) arrays, host only (``opt.stash_row_values``)
-    STASH = enum.auto()  # srcs = (value, range), arg = slot: ``value``; also written to local array ``slot[range]``
-    LOCAL = enum.auto()  # srcs = (index, after), arg = (slot, size): ``slot[index]``, read after the reduce ``after``
-
-
-Ops.__hash__ = object.__hash__  # members are singletons: identity hashing is exact and much faster
-
-UNARY = frozenset({Ops.NEG, Ops.NOT, Ops.EXP, Ops.EXP2, Ops.LOG, Ops.LOG2, Ops.SIN, Ops.COS, Ops.TAN, Ops.TANH,
-                   Ops.ERF, Ops.SQRT, Ops.RECIP, Ops.ABS, Ops.FLOOR, Ops.CEIL, Ops.ROUND, Ops.TRUNC, Ops.ISNAN,
-                   Ops.ISINF})
-BINARY = frozenset({Ops.ADD, Ops.SUB, Ops.MUL, Ops.DIV, Ops.MOD, Ops.POW, Ops.MAX, Ops.MIN, Ops.CMPLT, Ops.CMPLE,
-                    Ops.CMPEQ, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR})
-COMPARE = frozenset({Ops.CMPLT, Ops.CMPLE, Ops.CMPEQ, Ops.CMPNE, Ops.ISNAN, Ops.ISINF})
-TRANSCENDENTAL = frozenset({Ops.EXP, Ops.EXP2, Ops.LOG, Ops.LOG2, Ops.SIN, Ops.COS, Ops.TAN, Ops.TANH, Ops.ERF,
-                            Ops.POW})
-REDUCE_OPS = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.MIN, Ops.OR, Ops.AND})
+from zyx.ops import COMPARE, REDUCE_OPS, SCAN_OPS, Ops
 
 index_dtype = dtypes.int64
 
@@ -544,7 +474,6 @@ def reduce(op: Ops, value: Expr, ranges: tuple[Expr, ...], acc_dtype: DType | No
     return _make(Ops.REDUCE, acc_dtype or value.dtype, (value,), (op, ranges))
 
 
-SCAN_OPS = frozenset({Ops.ADD, Ops.MUL})
 
 
 def scan(op: Ops, value: Expr, r: Expr) -> Expr:

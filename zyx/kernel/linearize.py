@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from zyx.kernel.ir import Expr, Kernel, Ops, Store
+from zyx.kernel.ir import Expr, Kernel, Store
+from zyx.ops import Ops
 
 
 @dataclass(eq=False)

@@ -34,8 +34,9 @@ from dataclasses import dataclass, replace
 from zyx import dtypes
 from zyx.kernel import ir
 from zyx.kernel.contraction import Contraction, find_contraction
-from zyx.kernel.ir import Expr, Kernel, Ops, Store
+from zyx.kernel.ir import Expr, Kernel, Store
 from zyx.kernel.target import DeviceInfo
+from zyx.ops import TRANSCENDENTAL, Ops
 
 PARALLEL_MIN_WORK = 1 << 15
 SPLIT_REDUCE_MIN = 1 << 15
@@ -303,7 +304,7 @@ def _cost(e: Expr, r: Expr) -> int:
             continue
         if x.op is Ops.LOAD or x.op is Ops.LOCAL:
             n += 1
-        elif x.op in ir.TRANSCENDENTAL:
+        elif x.op in TRANSCENDENTAL:
             n += 8
         elif not (x.dtype is ir.index_dtype and x.op in (Ops.ADD, Ops.MUL, Ops.DIV, Ops.MOD)):
             n += 1
@@ -426,7 +427,6 @@ def split_segments(k: Kernel) -> list[Kernel]:
 # ---- register-tiled contractions (host) ----------------------------------------------------------------------
 
 GEMM_MIN_WORK = 1 << 18  # multiply-adds below which a contraction keeps the interchanged path
-GEMM_VECTOR_BYTES = 64  # the tiles are sized for AVX-512 (32 vector registers); AVX2 hosts spill (autotune)
 GEMM_PANEL_BYTES = 1 << 20  # a packed panel of the right operand (kc x nc) fits in half a 2 MiB L2
 GEMM_KC = 512  # k block of a panel when k is longer than GEMM_KC_MAX (a direct store accumulates the blocks)
 GEMM_KC_MAX = 1024
@@ -482,12 +482,28 @@ def _gemm_direct(k: Kernel, c: Contraction) -> bool:
     return len(k.stores) == 1 and k.stores[0].value is c.red and k.params[k.stores[0].param].dtype is c.red.dtype
 
 
-def _gemm_defaults(k: Kernel, c: Contraction) -> dict[str, int]:
-    """The heuristic tile: 24 accumulator vectors (mr x nr), panels of ``GEMM_PANEL_BYTES``."""
-    lanes = GEMM_VECTOR_BYTES // c.red.dtype.itemsize
+def _gemm_lanes(c: Contraction, info: DeviceInfo) -> int:
+    return max(1, info.vector_bytes // c.red.dtype.itemsize)
+
+
+def _gemm_shape(n_vectors: int, registers: int) -> tuple[int, int]:
+    """The register tile (rows, vectors per row) with the most accumulators that, with one vector of the right
+    operand per column and one broadcast, fits in ``registers`` (AVX-512: 6 x 4 of 32; AVX2: 6 x 2 of 16)."""
+    best = (0, 0, 0)
+    for vecs in (4, 2, 1):
+        if vecs > n_vectors and vecs > 1:
+            continue
+        mr = max(1, min(12, (registers - vecs - 1) // vecs))
+        best = max(best, (mr * vecs, vecs, mr))
+    return best[2], best[1]
+
+
+def _gemm_defaults(k: Kernel, c: Contraction, info: DeviceInfo) -> dict[str, int]:
+    """The heuristic tile: as many accumulator vectors as the target's registers hold (``_gemm_shape``), panels
+    of ``GEMM_PANEL_BYTES``."""
+    lanes = _gemm_lanes(c, info)
     n, kk = c.n.arg[1], c.k.arg[1]
-    vecs = 4 if n >= 4 * lanes else 2 if n >= 2 * lanes else 1
-    mr = {4: 6, 2: 12, 1: 12}[vecs]
+    mr, vecs = _gemm_shape(n // lanes, info.vector_registers)
     kc = kk if kk <= GEMM_KC_MAX else GEMM_KC
     depth = kc if _gemm_direct(k, c) and not _gemm_wide(k, c) else kk
     nr = vecs * lanes
@@ -500,14 +516,14 @@ def _gemm_wide(k: Kernel, c: Contraction) -> bool:
     return k.wide_acc and c.red.dtype is dtypes.float32
 
 
-def gemm_search_space(k: Kernel) -> dict[str, tuple[int, ...]]:
+def gemm_search_space(k: Kernel, info: DeviceInfo) -> dict[str, tuple[int, ...]]:
     """``tile_gemm``'s parameters for ``k`` (heuristic's value first); empty when it does not apply."""
     k = merge_loops(drop_unit_loops(k))
     c = gemm_contraction(k)
     if c is None:
         return {}
-    d = _gemm_defaults(widen_accumulators(k), c)
-    lanes = GEMM_VECTOR_BYTES // c.red.dtype.itemsize
+    d = _gemm_defaults(widen_accumulators(k), c, info)
+    lanes = _gemm_lanes(c, info)
 
     def first(v: int, cands) -> tuple[int, ...]:
         return (v, *(x for x in cands if x != v))
@@ -516,7 +532,7 @@ def gemm_search_space(k: Kernel) -> dict[str, tuple[int, ...]]:
             "gemm_nc": first(d["gemm_nc"], GEMM_NC), "gemm_kc": first(d["gemm_kc"], GEMM_KCS)}
 
 
-def tile_gemm(k: Kernel, params: Params | None = None) -> Kernel:
+def tile_gemm(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Kernel:
     """Mark a contraction (``gemm_contraction``) for register tiling (``GemmTile`` in ``meta["gemm"]``); ``params``
     ``gemm_mr`` / ``gemm_nr`` / ``gemm_nc`` / ``gemm_kc`` override the heuristic (any positive values compute the
     same result; ``nc`` is rounded to a multiple of ``nr``). Other kernels are returned unchanged. Call it after
@@ -524,7 +540,7 @@ def tile_gemm(k: Kernel, params: Params | None = None) -> Kernel:
     c = gemm_contraction(k)
     if c is None:
         return k
-    p = {**_gemm_defaults(k, c), **{x: v for x, v in (params or {}).items() if x.startswith("gemm_") and v}}
+    p = {**_gemm_defaults(k, c, info), **{x: v for x, v in (params or {}).items() if x.startswith("gemm_") and v}}
     mr, nr = max(1, int(p["gemm_mr"])), max(1, int(p["gemm_nr"]))
     kk, wide = c.k.arg[1], _gemm_wide(k, c)
     kc = max(1, min(int(p["gemm_kc"]), kk))
@@ -554,7 +570,7 @@ def search_space(k: Kernel, info: DeviceInfo) -> dict[str, tuple[int, ...]]:
              "row_block": (4, 8, 16), "vector_tile": (32, 64, 128), "collapse": (1, 2), "stash": (0, 1),
              "reduce_lanes": (REDUCE_LANES, 1, 16, 32, 128)}
     if "gemm" not in DISABLED:
-        space.update(gemm_search_space(k))
+        space.update(gemm_search_space(k, info))
     return space
 
 
@@ -573,7 +589,7 @@ def optimize(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Kerne
         if "split_divmod_loops" not in DISABLED:
             part = split_divmod_loops(part)
         if "gemm" not in DISABLED:
-            tiled = tile_gemm(widen_accumulators(part), p)
+            tiled = tile_gemm(widen_accumulators(part), info, p)
             if "gemm" in tiled.meta:
                 parts.append(tiled)
                 continue

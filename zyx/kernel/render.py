@@ -15,8 +15,9 @@ from zyx import dtypes
 from zyx.dtypes import DType
 from zyx.kernel import ir
 from zyx.kernel.c_math import C_MATH_FUNCTIONS, C_MATH_PRELUDE
-from zyx.kernel.ir import Expr, Kernel, Ops, Store
+from zyx.kernel.ir import Expr, Kernel, Store
 from zyx.kernel.linearize import Block, Loop, Reduce, ScanInit, linearize, walk
+from zyx.ops import COMPARE, TRANSCENDENTAL, Ops
 
 if TYPE_CHECKING:
     from zyx.kernel.opt import GemmTile
@@ -123,9 +124,12 @@ class CStyleRenderer:
             return f"({a[0]} {'&' if op is Ops.AND else '|'} {a[1]})"
         if op is Ops.WHERE:
             return self.select(a[0], a[1], a[2], d)
+        if op is Ops.FMOD:
+            return f"fmod{suf}({a[0]}, {a[1]})"
+        if op is Ops.DIV and fl:
+            return f"({a[0]} / {a[1]})"
         if op in (Ops.DIV, Ops.MOD):
-            if fl:
-                return f"({a[0]} / {a[1]})" if op is Ops.DIV else f"fmod{suf}({a[0]}, {a[1]})"
+            assert not fl, "float MOD is lowered to FMOD"
             if e.srcs[1].op is Ops.CONST and e.srcs[1].arg > 0 and e.srcs[0].vmin >= 0:
                 return f"({a[0]} {'/' if op is Ops.DIV else '%'} {a[1]})"
             return f"zyx_{'idiv' if op is Ops.DIV else 'mod'}_{sd.name}({a[0]}, {a[1]})"
@@ -152,7 +156,7 @@ class CStyleRenderer:
             return f"({a[0]} == {inf} || {a[0]} == -{inf})" if fl else "0"
         if op in _FLOAT_FN:
             return f"{_FLOAT_FN[op]}{suf}({a[0]})" if fl else a[0]
-        if op in ir.TRANSCENDENTAL or op is Ops.SQRT:
+        if op in TRANSCENDENTAL or op is Ops.SQRT:
             return f"{self.math_fn(op, sd)}({a[0]})"
         raise NotImplementedError(f"renderer has no rule for {op.name}")
 
@@ -200,7 +204,7 @@ class CStyleRenderer:
         if e.op is Ops.BITCAST:
             raise NotImplementedError("BITCAST is not rendered yet")
         s = self.alu(e, [n(x) for x in e.srcs])
-        if e.dtype in HALFS and e.op not in ir.COMPARE:
+        if e.dtype in HALFS and e.op not in COMPARE:
             s = self.round_half(s, e.dtype)
         return s
 

@@ -22,7 +22,8 @@ class DeviceInfo:
     compute_capability: tuple[int, int] | None = None
     dtypes: frozenset[str] = frozenset()
     tensor_cores: bool = False
-    vector_bytes: int = 32
+    vector_bytes: int = 32  # widest SIMD register the generated code may use
+    vector_registers: int = 16  # how many of them (register tiles are sized to fit)
     # Rough peaks for the cost model (extraction); measured time replaces them when autotuning.
     peak_gflops: float = 10.0
     memory_gbps: float = 10.0

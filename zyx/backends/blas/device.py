@@ -15,12 +15,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from zyx import dtypes
-from zyx.backends.base import BackendError, Device, DeviceInfo, ErrorStatus, ProgramId
+from zyx.backends.base import BackendError, Device, DeviceInfo, ErrorStatus, LibraryKernel, ProgramId
 from zyx.backends.blas import attention, threaded
 from zyx.backends.host.device import cpu_count
 from zyx.backends.host.pool import HostPool
-from zyx.graph import ops as g
-from zyx.graph.node import LibraryKernel
 from zyx.utils import STATS, log
 
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
@@ -184,7 +182,7 @@ class BlasDevice(Device):
         for mm in graph.matmuls():
             if mm.cls.device != "host":
                 continue
-            planned = plan_gemm(mm)
+            planned = plan_gemm(mm, graph)
             if planned is None:
                 continue
             gemm, inputs = planned
@@ -352,8 +350,8 @@ class BlasDevice(Device):
         return time.perf_counter_ns() - t0
 
 
-def plan_gemm(mm) -> tuple[Gemm, tuple] | None:
-    """A row-major GEMM for a matmul match, with its input classes, or None when BLAS cannot run it."""
+def plan_gemm(mm, graph) -> tuple[Gemm, tuple] | None:
+    """A row-major GEMM for a matmul match of ``graph``, with its input classes, or None when BLAS cannot run it."""
     d = mm.acc_dtype
     if d not in (dtypes.float32, dtypes.float64):
         return None
@@ -363,7 +361,7 @@ def plan_gemm(mm) -> tuple[Gemm, tuple] | None:
         if src.dtype is not d:
             if not src.dtype.is_float:
                 return None
-            src = g.cast(src, d)  # half inputs: widened by a generated kernel, then BLAS in float32
+            src = graph.cast(src, d)  # half inputs: widened by a generated kernel, then BLAS in float32
         if op.view.offset < 0:
             return None
         if any(s < 0 for s in op.batch_strides + (op.row_stride, op.col_stride)):

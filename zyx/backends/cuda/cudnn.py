@@ -34,8 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from zyx.backends.base import BackendError, ErrorStatus
-from zyx.graph.node import LibraryKernel
+from zyx.backends.base import BackendError, ErrorStatus, LibraryKernel
 from zyx.utils import log
 
 CUDNN_TYPES = {"float32": "FLOAT", "float16": "HALF", "bfloat16": "BFLOAT16"}

@@ -31,6 +31,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from zyx.backends.base import LibraryKernel
 from zyx.backends.cuda.cudnn import (
     ALIGN_BYTES,
     LAUNCH_OVERHEAD_NS,
@@ -43,7 +44,6 @@ from zyx.backends.cuda.cudnn import (
     new_graph,
     stream_handle,
 )
-from zyx.graph.node import LibraryKernel
 from zyx.utils import log
 
 SDPA_DTYPES = ("float16", "bfloat16")

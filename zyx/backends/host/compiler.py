@@ -19,8 +19,9 @@ from pathlib import Path
 from zyx.backends.base import BackendError, ErrorStatus
 from zyx.utils import cache_dir
 
-# -ffp-contract=off: a * b + c rounds twice, as NumPy computes it (reductions use fma explicitly)
-BASE_FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-std=gnu11", "-fwrapv", "-fno-math-errno",
+# -ffp-contract=off: a * b + c rounds twice, as NumPy computes it (reductions use fma explicitly). -pipe: no
+# temporary files between the compiler's stages (about 10% of a small kernel's compile)
+BASE_FLAGS = ("-pipe", "-O3", "-march=native", "-shared", "-fPIC", "-std=gnu11", "-fwrapv", "-fno-math-errno",
               "-fno-strict-aliasing", "-ffp-contract=off")
 
 
@@ -64,6 +65,34 @@ class CCompiler:
         marker.write_text("1" if ok else "0")
         return ok
 
+    @cached_property
+    def simd(self) -> tuple[int, int]:
+        """(bytes, count) of the vector registers code compiled with ``-march=native`` may use, from the compiler's
+        own target macros (probed once, cached on disk): AVX-512 (64, 32; clang (32, 32), as it is not asked for
+        512-bit vectors), AVX/AVX2 (32, 16), NEON (16, 32), SSE2 and anything else (16, 16)."""
+        key = hashlib.sha256(f"simd|{self.cc}|{self.version}|{platform.machine()}|{_cpu_flags()}".encode())
+        marker = cache_dir() / "host" / f"simd-{key.hexdigest()[:20]}"
+        if marker.exists():
+            try:
+                b, n = map(int, marker.read_text().split())
+                return b, n
+            except ValueError:
+                pass
+        r = subprocess.run([self.cc, "-march=native", "-dM", "-E", "-x", "c", os.devnull], capture_output=True,
+                           text=True)
+        macros = set(line.split()[1] for line in r.stdout.splitlines() if line.startswith("#define "))
+        if "__AVX512F__" in macros:  # 512-bit only where render's ZYX_GEMM_ATTR can ask for it (gcc)
+            out = (32, 32) if "__clang__" in macros else (64, 32)
+        elif "__AVX__" in macros:
+            out = (32, 16)
+        elif "__ARM_NEON" in macros or "__aarch64__" in macros:
+            out = (16, 32)
+        else:
+            out = (16, 16)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(f"{out[0]} {out[1]}")
+        return out
+
     @property
     def flags(self) -> tuple[str, ...]:
         return BASE_FLAGS + (("-fopenmp",) if self.openmp else ())
@@ -87,3 +116,12 @@ class CCompiler:
                                    f"{self.cc} failed on kernel {name} (source: {src}):\n{r.stderr.strip()}")
             os.replace(tmp, lib)
         return ctypes.CDLL(str(lib))
+
+
+def _cpu_flags() -> str:
+    """The CPU's feature flags line (Linux), so a cache copied to another machine is probed again."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return ""

@@ -93,7 +93,8 @@ class HostDevice(Device):
         self._by_source: dict[str, int] = {}
         self._next = 1
         self._info = DeviceInfo(name="host", kind="host", compute_units=self.threads,
-                                dtypes=frozenset(d.name for d in dtypes.ALL), vector_bytes=32,
+                                dtypes=frozenset(d.name for d in dtypes.ALL), vector_bytes=self.compiler.simd[0],
+                                vector_registers=self.compiler.simd[1],
                                 peak_gflops=8.0 * self.threads * 2, memory_gbps=8.0 * min(self.threads, 4),
                                 launch_overhead_ns=5_000)
 

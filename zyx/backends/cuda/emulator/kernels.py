@@ -64,7 +64,8 @@ FLAGS = ("-std=c++17", "-O1", "-shared", "-fPIC", "-w", "-fwrapv", "-fno-strict-
 # -Bsymbolic: a module's calls to its own kernels bind to them, not to a same-named symbol some library loaded
 # earlier put in the global scope (a test kernel `saxpy` ran MKL's Fortran saxpy once MKL was loaded). Link only:
 # the precompiled header must be built with FLAGS alone, or g++ cannot use it (modules compile ~40% slower).
-LINK_FLAGS = ("-Wl,-Bsymbolic",)
+# -pipe (driver only): no temporary files between the compiler's stages.
+LINK_FLAGS = ("-Wl,-Bsymbolic", "-pipe")
 # no shadow stack / IBT marking: the fiber switch changes stacks by hand
 _ARCH_FLAGS = ("-fcf-protection=none",) if platform.machine() in ("x86_64", "AMD64") else ()
 
