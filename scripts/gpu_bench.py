@@ -224,6 +224,27 @@ def case_elementwise(env: Env) -> list[Row]:
     return [ew, copy]
 
 
+def case_elementwise_half(env: Env, dtype: str = "float16") -> Row:
+    """``a * b + c`` on 16-bit values: 3 reads and a write of 2 bytes per element (the 16-byte vector accesses of
+    8 halves per thread; ``gpu.plan_vector``)."""
+    n = 1 << (16 if env.smoke else 28)
+    xs = [_random((n,), dtype, seed) for seed in (3, 4, 5)]
+    a, b, c = (env.tensor(x) for x in xs)
+    row = Row(f"a*b+c 2^{n.bit_length() - 1} {dtype}", "GB/s")
+    row.note = _schedule_note(a * b + c)
+    reps = env.repeats(10)
+    row.zyx = 8.0 * n / median_s(lambda: (a * b + c).realize(), env.sync, reps) / 1e9
+    k = min(n, 1 << 20)
+    want = (xs[0][:k].astype(np.float32) * xs[1][:k].astype(np.float32)).astype(xs[0].dtype).astype(np.float32)
+    want = (want + xs[2][:k].astype(np.float32)).astype(xs[0].dtype).astype(np.float32)
+    got = (a * b + c).cast("float32").numpy()[:k]
+    row.note += f"; max abs err vs NumPy {float(np.max(np.abs(got - want))):.1e}"
+    if env.torch is not None:
+        ta, tb, tc = (env.ttensor(x) for x in xs)
+        row.torch = 8.0 * n / median_s(lambda: ta * tb + tc, env.tsync, reps) / 1e9
+    return row
+
+
 def case_softmax(env: Env) -> Row:
     n = 256 if env.smoke else 8192
     row = Row(f"softmax {n}x{n} f32 (last axis)", "GB/s")
@@ -380,6 +401,7 @@ def cases(env: Env) -> list[tuple[str, Callable[[], Row | list[Row]], float]]:
     for dtype in ("bfloat16", "float16", "float32"):
         matmul(dtype, 8192)
     out.append(("elementwise", lambda: case_elementwise(env), 45))
+    out.append(("elementwise float16", lambda: case_elementwise_half(env), 30))
     out.append(("softmax", lambda: case_softmax(env), 30))
     out.append(("column sum", lambda: case_column_sum(env), 30))
     out.append(("matmul generated", lambda: case_matmul_generated(env), 60))

@@ -137,7 +137,7 @@ def ir_scalar_store() -> Kernel:
 
 
 def test_elementwise_covers_every_element_with_256_threads():
-    g = gpu.geometry(gpu.optimize(ir_elementwise(10**6), INFO))
+    g = gpu.geometry(gpu.optimize(ir_elementwise(10**6), INFO, {"vector": 0}))  # one output per thread
     assert g.strategy == "thread" and g.items == 10**6 and g.block == (256, 1, 1)
     assert g.grid[0] * g.block_threads >= 10**6
 
@@ -189,7 +189,7 @@ def test_nested_and_two_depth_reduces():
 
 
 def test_huge_grids_are_capped_and_use_64_bit_indices():
-    k = gpu.optimize(ir_elementwise(1 << 40), INFO)
+    k = gpu.optimize(ir_elementwise(1 << 40), INFO, {"vector": 0})  # one output per thread
     g = gpu.geometry(k)
     assert g.grid[0] == INFO.max_global_work[0] and g.grid[0] * g.block_threads < g.items
     src = CUDARenderer().render(k).source

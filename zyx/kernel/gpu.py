@@ -16,7 +16,10 @@ Strategies (every kernel gets one; each is correct for every kernel it is chosen
             ``//`` and ``%``); a grid-stride loop covers any size. Chosen when there is no reduce, or when every
             top-level reduce is at the innermost depth (``s == n``), each load in the reduce bodies is the same
             or the next element for adjacent outputs (coalesced across threads), and there are enough outputs to
-            fill the GPU. Reduces run serially in the thread.
+            fill the GPU. Reduces run serially in the thread. A kernel without reduces or scans may compute
+            ``vector`` consecutive outputs of the innermost loop per thread (``plan_vector``): then each load
+            and store whose index steps by one along that loop and is provably aligned is one 16-byte (or
+            narrower) vector access (``float4``, ``uint4`` of 8 halves, ``double2``), the others stay scalar.
 ``segments`` a kernel without reduces whose loop splits into segments (``opt.split_segments``: cat's pieces)
             runs one ``thread`` grid-stride loop per segment, one after another in one launch (``Kernel.then``),
             all with the largest block any of them wants.
@@ -58,10 +61,11 @@ Tunable parameters (``search_space`` lists them per kernel, ``optimize(k, info, 
 times them): ``strategy`` (an index into ``STRATEGIES``) among the strategies legal for the kernel — ``group``
 always when there is a reduce; ``thread`` and ``columns`` when every top-level reduce is at the innermost depth;
 ``mma`` for a contraction on tensor cores — and the sizes ``threads`` (``THREADS_PER_BLOCK``),
-``elems_per_thread`` (``ELEMS_PER_THREAD``), ``warps_per_block`` (``WARP_GROUPS_PER_BLOCK``) and ``mma_tile``
+``elems_per_thread`` (``ELEMS_PER_THREAD``), ``warps_per_block`` (``WARP_GROUPS_PER_BLOCK``), ``mma_tile``
 (an index into ``MMA_TILES``: block tile, k step and warp grid; only those whose shared arrays fit
-``info.local_memory_bytes`` and whose block fits the thread limit). No parameter changes what a kernel computes
-(up to the order of a reduce's terms).
+``info.local_memory_bytes`` and whose block fits the thread limit) and ``vector`` (1 / 0: vector accesses of the
+``thread`` layout on / off; listed only when some access can be proven aligned). No parameter changes what a
+kernel computes (up to the order of a reduce's terms).
 
 Invariants:
 - ``1 <= grid[0] <= info.max_global_work[0]``, ``grid[1:] == (1, 1)``: a grid-stride loop over the work items
@@ -89,9 +93,10 @@ from dataclasses import dataclass, replace
 
 from zyx import dtypes
 from zyx.kernel import contraction, ir, opt
-from zyx.kernel.ir import Expr, Kernel, Ops, Store
+from zyx.kernel.ir import Expr, Kernel, Store
 from zyx.kernel.linearize import Block, Loop, Reduce, linearize
 from zyx.kernel.target import DeviceInfo
+from zyx.ops import Ops
 
 META_KEY = "gpu"
 WARP = 32  # threads per warp on every CUDA GPU; the renderer's shuffles assume it
@@ -175,6 +180,9 @@ class Geometry:
     block: tuple[int, int, int]
     contraction: Contraction | None = None  # for "mma": the matched reduce
     tile: MmaTile | None = None  # for "mma": the block / warp tiling
+    vector: int = 1  # for "thread": consecutive outputs per thread along the innermost loop (``plan_vector``)
+    vector_loads: frozenset[Expr] = frozenset()  # loads read as 16-byte (or narrower) vectors when ``vector > 1``
+    vector_stores: frozenset[int] = frozenset()  # indices into ``kernel.stores`` written as vectors
 
     @property
     def block_threads(self) -> int:
@@ -339,14 +347,121 @@ def _grid(items: int, per_block: int, info: DeviceInfo) -> tuple[int, int, int]:
     return (min(blocks, info.max_global_work[0]), 1, 1)
 
 
-def _thread_geometry(k: Kernel, info: DeviceInfo, per_block: int = THREADS_PER_BLOCK) -> Geometry:
+def _thread_geometry(k: Kernel, info: DeviceInfo, per_block: int = THREADS_PER_BLOCK,
+                     vector: int | None = 0) -> Geometry:
+    """One thread per iteration of the output loops (but a scan's), or per ``vector`` consecutive iterations of
+    the innermost one when ``plan_vector(k, info, vector)`` vectorizes (``vector``: the ``vector`` parameter; 0,
+    the default here, is off: reduce kernels on this layout never vectorize)."""
     n = len(k.loops)
     if k.scan_ranges():
         n -= 1  # the scan's loop (innermost) runs serially in each thread
+    width, loads, stores = plan_vector(k, info, vector)
     items = math.prod(r.arg[1] for r in k.loops[:n])
+    if width > 1:
+        size = k.loops[-1].arg[1]
+        items = items // size * -(-size // width)
     per_block = max(WARP, min(per_block, max(info.max_local_threads, WARP)) // WARP * WARP)
     threads = min(per_block, max(WARP, -(-items // WARP) * WARP))
-    return Geometry("thread", n, n, items, 1, 1, _grid(items, threads, info), (threads, 1, 1))
+    return Geometry("thread", n, n, items, 1, 1, _grid(items, threads, info), (threads, 1, 1),
+                    vector=width, vector_loads=loads, vector_stores=stores)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# vector loads and stores (the thread layout of a kernel without reduces)
+
+VECTOR_BYTES = 16  # the widest access one thread issues (``ld.global.v4.b32``: float4, uint4, double2)
+VECTOR_MIN_THREADS_PER_UNIT = 128  # the heuristic vectorizes only while every SM keeps at least this many threads
+VECTOR_WIDTHS = (16, 8, 4, 2)  # outputs per thread worth trying, widest first
+VECTOR_MAX_UNROLLED = 4096  # the heuristic keeps width x (innermost statements) below this (source / registers)
+
+
+def vector_piece(width: int, itemsize: int) -> int:
+    """Bytes per vector access when a thread reads ``width`` consecutive elements of ``itemsize`` bytes:
+    ``min(16, width * itemsize)``, or 0 (scalar accesses) when that is one element or less than 4 bytes. A wider
+    run is several such pieces; a piece always holds a whole number of elements."""
+    b = min(VECTOR_BYTES, width * itemsize)
+    return b if b >= 4 and b > itemsize else 0
+
+
+def contiguous_aligned(index: Expr, r: Expr, elems: int) -> bool:
+    """``index`` steps by exactly one element per step of range ``r`` and is a multiple of ``elems`` whenever
+    ``r`` is: it is affine, ``r + sum(c_i * a_i) + c0``, every other atom ``a_i`` (any integer expression, a
+    gathered index included) is independent of ``r`` and every ``c_i`` and ``c0`` is a multiple of ``elems``.
+    A broadcast (``r``'s coefficient 0), a reversed or strided axis and an offset view (``x[1:]``) fail."""
+    terms, offset = ir._linear(index)
+    if terms.get(r) != 1 or offset % elems:
+        return False
+    return all(a is r or (r not in a.ranges and c % elems == 0) for a, c in terms.items())
+
+
+def _vector_candidates(k: Kernel, inner: Expr) -> tuple[list[Expr], list[int], int]:
+    """The loads (ungated, of ``in`` buffers) and stores (of a buffer stored once and never loaded) whose index
+    steps by one along ``inner``, and the bytes per output of every access that depends on ``inner``."""
+    every = [e for e in ir.toposort([x for st in k.stores for x in (st.index, st.value)]) if e.op is Ops.LOAD]
+    loaded = {e.arg for e in every}
+    loads = [e for e in every if inner in e.ranges]
+    stored = [st.param for st in k.stores]
+    dependent = sum(k.params[e.arg].dtype.itemsize for e in loads)
+    lds = [e for e in loads if len(e.srcs) == 1 and k.params[e.arg].kind == "in"
+           and ir.affine_coefficient(e.srcs[0], inner) == 1]
+    sts = []
+    for i, st in enumerate(k.stores):
+        if inner not in st.index.ranges:
+            continue
+        dependent += k.params[st.param].dtype.itemsize
+        if stored.count(st.param) == 1 and st.param not in loaded and ir.affine_coefficient(st.index, inner) == 1:
+            sts.append(i)
+    return lds, sts, dependent
+
+
+def plan_vector(k: Kernel, info: DeviceInfo, want: int | None = None
+                ) -> tuple[int, frozenset[Expr], frozenset[int]]:
+    """How many consecutive outputs of the innermost output loop one thread of the ``thread`` layout computes,
+    and which loads and stores (indices into ``k.stores``) it then reads and writes as vectors.
+
+    Legal only for a kernel without reduces or scans. A load or store is vectorized at width ``V`` when its
+    index steps by one along the innermost loop and is provably aligned to its piece (``vector_piece``,
+    ``contiguous_aligned``): a thread's run starts at a multiple of ``V`` of that loop, and a kernel's buffers are
+    whole pool allocations, 256-byte aligned on CUDA (``cuMemAlloc``) and in the emulator, so the element offset
+    proves the address. Runs that would cross the loop's end (a size that is not a multiple of ``V``) take a
+    scalar path in the renderer. ``V`` is the widest power of two that is at most the loop's size and at which
+    the widest contiguous access is at most 16 bytes and some access vectorizes (16 outputs of int8, 8 of
+    float16, 4 of float32, 2 of float64 for a plain elementwise kernel). ``want``: 0 = off (1 output per thread),
+    1 = on whenever provable, None = the heuristic: the widest such ``V`` at which the vectorized bytes are at
+    least half of the bytes moved along the loop, every SM keeps ``VECTOR_MIN_THREADS_PER_UNIT`` threads and the
+    unrolled lanes stay under ``VECTOR_MAX_UNROLLED`` statements."""
+    off = (1, frozenset(), frozenset())
+    if want == 0 or not k.loops or k.reduces() or k.scan_ranges():
+        return off
+    inner = k.loops[-1]
+    size = inner.arg[1]
+    lds, sts, dependent = _vector_candidates(k, inner)
+    sizes = [k.params[e.arg].dtype.itemsize for e in lds] + [k.params[k.stores[i].param].dtype.itemsize for i in sts]
+    if not sizes:
+        return off
+    body = sum(1 for e in ir.toposort([x for st in k.stores for x in (st.index, st.value)]) if inner in e.ranges)
+    for width in VECTOR_WIDTHS:
+        if width > size or width * max(sizes) > VECTOR_BYTES:
+            continue
+        if want is None and width * body > VECTOR_MAX_UNROLLED:
+            continue  # every lane repeats the innermost statements
+
+        def aligned(index: Expr, itemsize: int) -> bool:
+            piece = vector_piece(width, itemsize)  # noqa: B023 (called in this iteration only)
+            return piece > 0 and contiguous_aligned(index, inner, piece // itemsize)
+
+        vl = frozenset(e for e in lds if aligned(e.srcs[0], k.params[e.arg].dtype.itemsize))
+        vs = frozenset(i for i in sts if aligned(k.stores[i].index, k.params[k.stores[i].param].dtype.itemsize))
+        if not vl and not vs:
+            continue
+        if want is None:
+            moved = sum(k.params[e.arg].dtype.itemsize for e in vl)
+            moved += sum(k.params[k.stores[i].param].dtype.itemsize for i in vs)
+            threads = k.size // size * -(-size // width)
+            if 2 * moved < dependent or threads < VECTOR_MIN_THREADS_PER_UNIT * max(info.compute_units, 1):
+                continue  # a narrower run may align more accesses, and leaves more threads
+        return width, vl, vs
+    return off
 
 
 def _group_geometry(root: Block, s: int, info: DeviceInfo, elems: int = ELEMS_PER_THREAD,
@@ -513,7 +628,7 @@ def _choices(k: Kernel, info: DeviceInfo, root: Block, params: Params) -> tuple[
             raise NotImplementedError(f"kernel {k.name}: a scan kernel holds no reduce (fusion stores it first)")
         return "thread", {"thread": _thread_geometry(k, info, threads)}
     if not depths:
-        return "thread", {"thread": _thread_geometry(k, info, threads)}
+        return "thread", {"thread": _thread_geometry(k, info, threads, params.get("vector"))}
     legal: dict[str, Geometry] = {}
     mma = _mma_geometry(k, info, params.get("mma_tile"))
     if mma is not None:
@@ -662,16 +777,18 @@ def needs_wide_acc(root: Block, geom: Geometry) -> bool:
 # entry points
 
 
-def _segments(k: Kernel, info: DeviceInfo, threads: int = THREADS_PER_BLOCK) -> Kernel | None:
+def _segments(k: Kernel, info: DeviceInfo, threads: int = THREADS_PER_BLOCK,
+              vector: int | None = None) -> Kernel | None:
     """A kernel without reduces or scans whose loop ``opt.split_segments`` splits (cat's pieces, pad's bounds):
-    one grid-stride loop per segment in one launch, all with the same block (the largest any segment wants)."""
+    one grid-stride loop per segment in one launch, all with the same block (the largest any segment wants);
+    each segment vectorizes on its own (``plan_vector``)."""
     if k.reduces() or k.scan_ranges():
         return None
     parts = opt.split_segments(k)
     if len(parts) == 1:
         return None
     parts = [replace(opt.merge_loops(opt.drop_unit_loops(p)), meta={}) for p in parts]
-    geoms = [_thread_geometry(p, info, threads) for p in parts]
+    geoms = [_thread_geometry(p, info, threads, vector) for p in parts]
     block = max(g.block for g in geoms)
     for p, g in zip(parts, geoms):
         p.meta[META_KEY] = replace(g, block=block, grid=_grid(g.items, block[0], info))
@@ -690,7 +807,7 @@ def optimize(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Kerne
     heuristics; every candidate computes the same values up to the order of a reduce's terms."""
     p = params or {}
     k = _normalize(k)
-    seg = _segments(k, info, p.get("threads", THREADS_PER_BLOCK))
+    seg = _segments(k, info, p.get("threads", THREADS_PER_BLOCK), p.get("vector"))
     if seg is not None:
         return seg
     k = order_output_loops(order_reduce_ranges(opt.merge_loops(k)))
@@ -715,8 +832,13 @@ def search_space(k: Kernel, info: DeviceInfo) -> dict[str, tuple[int, ...]]:
     limit = max(info.max_local_threads, WARP)
     threads = tuple(t for t in THREADS_CHOICES if t <= limit)
     k = _normalize(k)
-    if _segments(k, info) is not None:
-        return {"threads": threads}
+    seg = _segments(k, info)
+    if seg is not None:
+        p["threads"] = threads
+        parts = (seg, *seg.then)
+        if any(plan_vector(x, info, 1)[0] > 1 for x in parts):
+            p["vector"] = (1, 0) if any(geometry(x).vector > 1 for x in parts) else (0, 1)
+        return p
     k = order_output_loops(order_reduce_ranges(opt.merge_loops(k)))
     chosen, legal = _choices(k, info, linearize(k), {})
     if len(legal) > 1:
@@ -724,6 +846,8 @@ def search_space(k: Kernel, info: DeviceInfo) -> dict[str, tuple[int, ...]]:
         p["strategy"] = tuple(STRATEGIES.index(s) for s in order)
     if "thread" in legal:
         p["threads"] = threads
+        if plan_vector(k, info, 1)[0] > 1:  # vectorization is provable: on / off, the heuristic's first
+            p["vector"] = (1, 0) if legal["thread"].vector > 1 else (0, 1)
     if "group" in legal or "columns" in legal:
         p["elems_per_thread"] = ELEMS_CHOICES
     if "group" in legal:
@@ -746,5 +870,6 @@ __all__ = ["Contraction", "Geometry", "META_KEY", "MMA_TILES", "MmaTile", "acces
            "find_contraction", "flatten_count", "geometry", "lane_strides", "mma_fill_order", "mma_tiles",
            "mma_vector_fill",
            "optimize", "order_output_loops", "order_reduce_ranges", "output_blocks", "output_loops", "plan",
+           "plan_vector", "vector_piece", "contiguous_aligned",
            "reduce_chain", "reduce_depths", "reduce_loads", "reference_info", "search_space", "serial_lengths",
            "STRATEGIES"]

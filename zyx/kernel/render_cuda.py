@@ -11,7 +11,10 @@ reduce identities and updates are the host's, so both targets compute the same t
   ``__shared__ acc_sh[TY][TX]``) and ``mma`` (operand tiles staged in ``__shared__ zsa`` / ``zsb`` by the whole
   block, fragments read from them, ``mma.sync.m16n8k16`` as inline PTX under ``__CUDA_ARCH__ >= 800``, with a
   portable branch that exchanges the same fragment registers by ``__shfl_sync``, so the emulator checks the
-  shared layout, the fragment layout and the indexing).
+  shared layout, the fragment layout and the indexing). A vectorized ``thread`` layout (``Geometry.vector``)
+  reads and writes its proven-aligned accesses through ``zyx_vld_T`` / ``zyx_vst_T`` (``float4``, ``uint4``,
+  ``double2``, ...; 1- and 2-byte elements packed little-endian in 32-bit words), which trap on a misaligned
+  address when compiled for anything but a GPU (the emulator), as the GPU faults.
 - float16 / bfloat16: stored as 16-bit patterns (``unsigned short``), computed in ``float`` registers and rounded
   back after every op, exactly as on the host. The conversions are the hardware ``cvt.rn`` instructions via
   inline PTX (what ``cuda_fp16.h`` / ``cuda_bf16.h`` emit) instead of including those headers, which would add
@@ -44,10 +47,11 @@ from zyx import dtypes
 from zyx.dtypes import DType
 from zyx.kernel import gpu, ir
 from zyx.kernel.gpu import Geometry
-from zyx.kernel.ir import Expr, Kernel, Ops, Store
+from zyx.kernel.ir import Expr, Kernel, Store
 from zyx.kernel.linearize import Block, Loop, Reduce, ScanInit, linearize
 from zyx.kernel.render import CStyleRenderer, _int_helpers
 from zyx.kernel.target import DeviceInfo
+from zyx.ops import Ops
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 FULL_MASK = "0xffffffffu"
@@ -140,6 +144,45 @@ ZYX_DEV float zyx_round_bfloat16(float f) { return zyx_bfloat16_to_f32(zyx_f32_t
 """
 
 _HELPER_NAME = re.compile(r"\b(zyx_\w+)\(")
+
+# vector accesses: 4- and 8-byte elements as CUDA vector types of them; 1- and 2-byte elements in 32-bit words
+_NATIVE_VECTOR = {dtypes.float32: "float", dtypes.int32: "int", dtypes.uint32: "uint", dtypes.float64: "double",
+                  dtypes.int64: "longlong", dtypes.uint64: "ulonglong"}
+_WORDS = {16: ("uint4", "xyzw"), 8: ("uint2", "xy"), 4: ("unsigned int", "")}
+
+
+def vector_type(d: DType, piece: int) -> tuple[str, str]:
+    """The CUDA type of one ``piece``-byte vector access of ``d`` elements and its fields in element (native
+    4- and 8-byte types) or 32-bit word (1- and 2-byte types) order."""
+    if d.itemsize >= 4:
+        n = piece // d.itemsize
+        return f"{_NATIVE_VECTOR[d]}{n}", "xyzw"[:n]
+    return _WORDS[piece]
+
+
+def _vector_suffix(t: str) -> str:
+    return t.replace("unsigned int", "u32")
+
+
+def _vector_helpers() -> dict[str, str]:
+    """``zyx_vld_T(p)`` / ``zyx_vst_T(p, v)``: one aligned vector access of type ``T``. Compiled for anything but a
+    GPU (the emulator), a misaligned address traps, as the GPU faults on it (``misaligned address``)."""
+    types = {vector_type(d, b)[0] for d in (*_NATIVE_VECTOR, dtypes.uint16) for b in (4, 8, 16)
+             if (d.itemsize < 4 or b // d.itemsize >= 2)}
+    out = {}
+    for t in sorted(types):
+        suffix = _vector_suffix(t)
+        check = ("#ifndef __CUDA_ARCH__\n"
+                 f"  if ((unsigned long long)p & (sizeof({t}) - 1)) __trap();\n"
+                 "#endif\n")
+        out[f"zyx_vld_{suffix}"] = (f"ZYX_DEV {t} zyx_vld_{suffix}(const void* p) {{\n{check}"
+                                    f"  return *(const {t}*)p;\n}}\n")
+        out[f"zyx_vst_{suffix}"] = (f"ZYX_DEV void zyx_vst_{suffix}(void* p, {t} v) {{\n{check}"
+                                    f"  *({t}*)p = v;\n}}\n")
+    return out
+
+
+_VECTOR_HELPERS = _vector_helpers()
 
 
 def _device_int_helpers() -> dict[str, str]:
@@ -248,6 +291,7 @@ class CUDARenderer(CStyleRenderer):
             parts.append(BFLOAT16_PRELUDE)
         used = sorted(names & _INT_HELPERS.keys())
         parts.extend(_INT_HELPERS[h] + "\n" for h in used)
+        parts.extend(_VECTOR_HELPERS[h] for h in sorted(names & _VECTOR_HELPERS.keys()))
         return "".join(parts)
 
     def render(self, k: Kernel) -> CudaSource:
@@ -529,6 +573,9 @@ class _Writer:
         """One thread per iteration of output loops [0, split) (grid-stride); deeper loops (a scan's) run
         serially in the thread."""
         g = self.g
+        if g.vector > 1:
+            self.vector_thread_frame(root)
+            return
         blocks, loops = gpu.output_blocks(root), gpu.output_loops(root)
         s = g.split
         b = g.block_threads
@@ -544,6 +591,166 @@ class _Writer:
         for blk in reversed(blocks[:s + 1]):
             self.tail(blk, ind)
         self.emit("  ", "}")
+
+    def vector_thread_frame(self, root: Block) -> None:
+        """The ``thread`` layout with ``V = g.vector`` consecutive iterations of the innermost loop per thread
+        (``gpu.plan_vector``): work item ``zi`` is the run starting at ``rB = (zi % chunks) * V`` of that loop.
+        A run wholly inside the loop reads each of ``g.vector_loads`` with vector loads at ``rB`` (the element
+        offset is proven aligned), computes the ``V`` outputs (one scope per lane, the loop's range bound to
+        ``rB + j``) and writes each of ``g.vector_stores`` with vector stores after the last lane; the other
+        loads and stores stay scalar, in lane order. A run crossing the loop's end (only when ``V`` does not divide
+        the loop's size) runs its lanes in a scalar loop. Values of the outer loops are computed once per run."""
+        g = self.g
+        blocks, loops = gpu.output_blocks(root), gpu.output_loops(root)
+        n, width = len(loops), g.vector
+        inner = loops[-1].range
+        size = inner.arg[1]
+        chunks = -(-size // width)
+        b = g.block_threads
+        it = index_type(g.items + g.grid[0] * b)
+        every = ir.toposort([x for st in self.k.stores for x in (st.index, st.value)] + list(self.k.loops))
+        fresh = 1 + max((e.arg[0] for e in every if e.op is Ops.RANGE), default=0)
+        base = ir.range_(fresh, size)  # bound to the run's first iteration of the innermost loop
+        self.emit("  ", f"for ({it} zi = ({it})blockIdx.x * {b} + threadIdx.x; zi < {g.items}; "
+                        f"zi += ({it})gridDim.x * {b}) {{")
+        ind = "    "
+        if n > 1:
+            self.emit(ind, f"const {it} zq = zi / {chunks};")
+            self.decode(loops[:-1], "zq", ind)
+        t = index_type(size + width)
+        run = f"zi % {chunks}" if n > 1 else "zi"  # zi < items == chunks without outer loops
+        self.emit(ind, f"const {t} {range_name(base)} = ({t})({run}) * {width};")
+        for blk in blocks[:n]:
+            self.stmts(blk, ind)
+        if size % width:
+            self.emit(ind, f"if ({range_name(base)} + {width} <= {size}) {{")
+            self.vector_run(blocks[n], inner, base, ind + "  ")
+            self.emit(ind, "} else {")
+            i2 = ind + "  "
+            self.emit(i2, f"for ({t} zj = {range_name(base)}; zj < {size}; zj++) {{")
+            saved = dict(self.name)
+            self.emit(i2 + "  ", f"const {t} {range_name(inner)} = zj;")
+            self.block(blocks[n], i2 + "  ")
+            self.name = saved
+            self.emit(i2, "}")
+            self.emit(ind, "}")
+        else:
+            self.vector_run(blocks[n], inner, base, ind)
+        for blk in reversed(blocks[:n]):
+            self.tail(blk, ind)
+        self.emit("  ", "}")
+
+    def at_base(self, index: Expr, inner: Expr, base: Expr, ind: str) -> str:
+        """Define ``index`` with the innermost range replaced by the run's first iteration; its C operand."""
+        x = ir.substitute(index, {inner: base})
+        for e in ir.toposort([x]):
+            if e.op not in (Ops.CONST, Ops.RANGE) and e not in self.name:
+                self.define(e, ind)
+        return self.value(x)
+
+    def vector_run(self, blk: Block, inner: Expr, base: Expr, ind: str) -> None:
+        """One whole run of ``g.vector`` lanes of the innermost block ``blk`` (see ``vector_thread_frame``)."""
+        g, r, params = self.g, self.r, self.k.params
+        width = g.vector
+        saved = dict(self.name)
+        lanes: dict[Expr, list[str]] = {}
+        for st in blk.stmts:  # the vector loads, in program order
+            if isinstance(st, Expr) and st in g.vector_loads:
+                d = params[st.arg].dtype
+                at = self.at_base(st.srcs[0], inner, base, ind)
+                regs = []
+                for off, vt in self.pieces(d, width):
+                    v = self.fresh("zv")
+                    addr = f"p{st.arg} + {at}" + (f" + {off}" if off else "")
+                    self.emit(ind, f"const {vt} {v} = zyx_vld_{_vector_suffix(vt)}({addr});")
+                    regs.append(v)
+                lanes[st] = [r.from_storage(x, d) for x in self.lane_parts(d, width, regs)]
+        outs: dict[int, list[str]] = {}
+        stores = {self.k.stores[i]: i for i in g.vector_stores}
+        for st in blk.tail:
+            if isinstance(st, Store) and st in stores:
+                st_type = r.storage_type(params[st.param].dtype)
+                names = [self.fresh("zs") for _ in range(width)]
+                self.emit(ind, f"{st_type} {', '.join(names)};")
+                outs[stores[st]] = names
+        for j in range(width):
+            self.emit(ind, "{")
+            i2 = ind + "  "
+            lane_saved = dict(self.name)
+            t = index_type(inner.arg[1] + width)
+            self.emit(i2, f"const {t} {range_name(inner)} = {range_name(base)} + {j};")
+            for st in blk.stmts:
+                if isinstance(st, Expr) and st in lanes:
+                    v = self.fresh("v")
+                    self.emit(i2, f"const {r.value_type(st)} {v} = {lanes[st][j]};")
+                    self.name[st] = v
+                else:
+                    self.stmts(Block(stmts=[st]), i2)
+            for st in blk.tail:
+                if isinstance(st, Store) and st in stores:
+                    p = params[st.param]
+                    if st.value.dtype is not p.dtype:
+                        raise AssertionError(f"store of {st.value.dtype} into {p.dtype} param")
+                    self.emit(i2, f"{outs[stores[st]][j]} = {r.to_storage(self.value(st.value), p.dtype)};")
+                else:
+                    self.tail(Block(tail=[st]), i2)
+            self.name = lane_saved
+            self.emit(ind, "}")
+        for st in blk.tail:
+            if isinstance(st, Store) and st in stores:
+                d = params[st.param].dtype
+                at = self.at_base(st.index, inner, base, ind)
+                for (off, vt), val in zip(self.pieces(d, width), self.pack(d, width, outs[stores[st]])):
+                    addr = f"p{st.param} + {at}" + (f" + {off}" if off else "")
+                    self.emit(ind, f"zyx_vst_{_vector_suffix(vt)}({addr}, {val});")
+        self.name = saved
+
+    @staticmethod
+    def pieces(d: DType, width: int) -> list[tuple[int, str]]:
+        """(element offset, C type) of each vector access covering ``width`` elements of ``d``."""
+        piece = gpu.vector_piece(width, d.itemsize)
+        per = piece // d.itemsize
+        return [(i * per, vector_type(d, piece)[0]) for i in range(width // per)]
+
+    def lane_parts(self, d: DType, width: int, regs: list[str]) -> list[str]:
+        """The stored bits of each of the ``width`` elements in the vector registers ``regs``, as ``d``'s
+        storage type (1- and 2-byte elements: little-endian within the 32-bit words)."""
+        piece = gpu.vector_piece(width, d.itemsize)
+        _, fields = vector_type(d, piece)
+        per = piece // d.itemsize
+        out = []
+        for j in range(width):
+            reg = regs[j // per]
+            if d.itemsize >= 4:
+                out.append(f"{reg}.{fields[j % per]}")
+                continue
+            byte = (j % per) * d.itemsize
+            word = f"{reg}.{fields[byte // 4]}" if fields else reg
+            shift = (byte % 4) * 8
+            bits = f"({word} >> {shift})" if shift else word
+            out.append(f"({self.r.storage_type(d)})({bits})")
+        return out
+
+    def pack(self, d: DType, width: int, names: list[str]) -> list[str]:
+        """The vector value of each piece from the ``width`` storage-typed lane variables ``names``."""
+        piece = gpu.vector_piece(width, d.itemsize)
+        vt, fields = vector_type(d, piece)
+        per = piece // d.itemsize
+        out = []
+        for i in range(width // per):
+            lane = names[i * per:(i + 1) * per]
+            if d.itemsize >= 4:
+                out.append(f"make_{vt}({', '.join(lane)})")
+                continue
+            u = "unsigned short" if d.itemsize == 2 else "unsigned char"
+            per_word = 4 // d.itemsize
+            words = []
+            for w in range(piece // 4):
+                bits = [f"((unsigned int)({u}){x} << {8 * d.itemsize * q})" if q else f"(unsigned int)({u}){x}"
+                        for q, x in enumerate(lane[w * per_word:(w + 1) * per_word])]
+                words.append(" | ".join(bits))
+            out.append(f"make_{vt}({', '.join(words)})" if fields else words[0])
+        return out
 
     def group_frame(self, root: Block) -> None:
         """One group of threads per iteration of output loops [0, split); see ``gpu``."""
