@@ -515,7 +515,7 @@ def embed_minilm(args) -> Row | None:
 
 @case
 def load_and_sum(args) -> Row:
-    from zyx.backends.disk.bench_case import load_and_sum as run
+    from zyx.bench_load import load_and_sum as run
 
     return run(args)
 
