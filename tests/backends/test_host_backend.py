@@ -109,6 +109,66 @@ def test_missing_compiler_is_an_initialization_error():
     assert e.value.status is ErrorStatus.INITIALIZATION
 
 
+def _fresh_host(tmp_path, monkeypatch):
+    """A host device of its own (empty program table) on an empty compile cache."""
+    from zyx.backends.host.device import HostDevice
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    return HostDevice(HostPool())
+
+
+def _three_kernels() -> list:
+    import zyx
+    from conftest import kernels_of
+
+    x = zyx.Tensor(np.arange(12, dtype=np.float32).reshape(3, 4))
+    return [kernels_of(t)[0] for t in (x.sum(0), x.exp().max(1), (x * 3 - 1).abs())]
+
+
+def test_compile_many_builds_missing_libraries_concurrently_and_equals_compile(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    kernels = _three_kernels()  # (planning them compiles them in the usual cache)
+    dev = _fresh_host(tmp_path, monkeypatch)
+    live, most, lock = [0], [0], threading.Lock()
+    build = dev.compiler.build
+
+    def slow_build(source, name):
+        with lock:
+            live[0] += 1
+            most[0] = max(most[0], live[0])
+        time.sleep(0.2)  # long enough for the others to start
+        try:
+            return build(source, name)
+        finally:
+            with lock:
+                live[0] -= 1
+
+    monkeypatch.setattr(dev.compiler, "build", slow_build)
+    dev.threads = 3
+    pids = dev.compile_many(kernels)
+    assert most[0] == 3 and len(set(pids)) == 3
+    assert [dev.compile(k) for k in kernels] == pids  # the same programs, nothing rebuilt
+    assert len(list((tmp_path / "zyx" / "host").glob("*.so"))) == 3
+
+
+def test_compile_many_raises_the_first_failing_kernels_error(tmp_path, monkeypatch):
+    kernels = _three_kernels()
+    dev = _fresh_host(tmp_path, monkeypatch)
+    bad = kernels[1].name
+    build = dev.compiler.build
+
+    def failing(source, name):
+        if name == bad:
+            raise BackendError(ErrorStatus.COMPILATION, f"cc failed on kernel {name}")
+        return build(source, name)
+
+    monkeypatch.setattr(dev.compiler, "build", failing)
+    with pytest.raises(BackendError, match=f"kernel {bad}"):
+        dev.compile_many(kernels)
+
+
 def test_openmp_off_still_computes(tmp_path):
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({"host": {"openmp": False}}))

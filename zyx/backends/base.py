@@ -108,6 +108,10 @@ class Device(ABC):
     def compile(self, kernel: Any) -> ProgramId:
         """Compile a ``zyx.kernel.ir.Kernel``; identical kernels may return the same program."""
 
+    def compile_many(self, kernels: Sequence[Any]) -> list[ProgramId]:
+        """``[compile(k) for k in kernels]``; a device may build them concurrently (the result is the same)."""
+        return [self.compile(k) for k in kernels]
+
     @abstractmethod
     def launch(self, program: ProgramId, args: Sequence[int]) -> None:
         """Run ``program``: one int per kernel parameter (a BufferId of this pool, or a scalar value)."""

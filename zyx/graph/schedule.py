@@ -177,13 +177,14 @@ def plan(order: list[Class], leaves: list[Class], outputs: list[Class], match: b
         else:
             continue
         ordered.append((fusion.depth[id(c)], pos, step))
-    for n, group in enumerate(fusion.groups):
-        b = group.builder
-        k = b.kernel()
-        k = type(k)(group.name, k.params, k.loops, k.stores)
-        dev = reg.get(group.roots[0].device).primary
-        step = Step("generated", group.roots[0].device, k.name, tuple(slot[id(p)] for p in b.param_classes),
-                    dev=dev, program=dev.compile(k), source=k)
+    kernels = []
+    for group in fusion.groups:
+        k = group.builder.kernel()
+        kernels.append((type(k)(group.name, k.params, k.loops, k.stores), reg.get(group.roots[0].device).primary))
+    programs = _compile_all(kernels)
+    for n, (group, (k, dev), program) in enumerate(zip(fusion.groups, kernels, programs)):
+        step = Step("generated", group.roots[0].device, k.name,
+                    tuple(slot[id(p)] for p in group.builder.param_classes), dev=dev, program=program, source=k)
         ordered.append((group.depth, n - len(fusion.groups), step))
     steps = [st for _, _, st in sorted(ordered, key=lambda t: (t[0], t[1]))]
 
@@ -207,6 +208,19 @@ def _device_key(dev: Device) -> str:
     """What makes a device's timings comparable: the autotuner's identity of it (compiler, driver, model)."""
     identity = getattr(dev, "tuning_identity", None)
     return identity() if identity is not None else autotune.info_identity(dev.info())
+
+
+def _compile_all(kernels: list[tuple[object, Device]]) -> list[int]:
+    """The program of each (kernel, device), every device compiling its share with one ``compile_many``."""
+    by_device: dict[int, list[int]] = {}
+    for i, (_, dev) in enumerate(kernels):
+        by_device.setdefault(id(dev), []).append(i)
+    programs = [0] * len(kernels)
+    for idx in by_device.values():
+        dev = kernels[idx[0]][1]
+        for i, pid in zip(idx, dev.compile_many([kernels[i][0] for i in idx])):
+            programs[i] = pid
+    return programs
 
 
 def _generated_timer(out: Class, leaves: list[Class]) -> tuple[str, Callable[[], float]]:

@@ -97,16 +97,29 @@ class CCompiler:
     def flags(self) -> tuple[str, ...]:
         return BASE_FLAGS + (("-fopenmp",) if self.openmp else ())
 
-    def compile(self, source: str, name: str) -> ctypes.CDLL:
-        """Compile ``source`` into a shared library (or take it from the disk cache) and load it."""
+    def library_path(self, source: str) -> Path:
+        """Where the shared library of ``source`` is cached (it may not exist yet)."""
         key = hashlib.sha256("\0".join((source, self.cc, self.version, " ".join(self.flags),
                                         platform.machine())).encode()).hexdigest()[:32]
-        d = cache_dir() / "host"
-        lib = d / f"{key}.so"
+        return cache_dir() / "host" / f"{key}.so"
+
+    def compile(self, source: str, name: str) -> ctypes.CDLL:
+        """Compile ``source`` into a shared library (or take it from the disk cache) and load it."""
+        return ctypes.CDLL(str(self.build(source, name)))
+
+    def build(self, source: str, name: str) -> Path:
+        """The shared library of ``source`` on disk, compiled when missing (safe to call from several threads and
+        processes at once: each writes its own temporary file and renames it into place)."""
+        lib = self.library_path(source)
+        d = lib.parent
+        key = lib.stem
         if not lib.exists():
             d.mkdir(parents=True, exist_ok=True)
             src = d / f"{key}.c"
-            src.write_text(source)
+            fd, tmp_src = tempfile.mkstemp(suffix=".c", dir=d)
+            with os.fdopen(fd, "w") as f:
+                f.write(source)
+            os.replace(tmp_src, src)  # whole, for a compiler another thread or process runs on the same source
             fd, tmp = tempfile.mkstemp(suffix=".so", dir=d)
             os.close(fd)
             r = subprocess.run([self.cc, *self.flags, str(src), "-o", tmp, "-lm"], capture_output=True, text=True)
@@ -115,7 +128,7 @@ class CCompiler:
                 raise BackendError(ErrorStatus.COMPILATION,
                                    f"{self.cc} failed on kernel {name} (source: {src}):\n{r.stderr.strip()}")
             os.replace(tmp, lib)
-        return ctypes.CDLL(str(lib))
+        return lib
 
 
 def _cpu_flags() -> str:

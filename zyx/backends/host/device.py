@@ -11,6 +11,7 @@ import os
 import platform
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from zyx import dtypes, utils
 from zyx.backends import autotune
@@ -109,10 +110,29 @@ class HostDevice(Device):
         return self.renderer.render(opt.optimize(kernel, self._info, params))
 
     def compile(self, kernel: Kernel) -> ProgramId:
-        if utils.KERNEL_LOG is not None:
-            utils.KERNEL_LOG.append(kernel)
-        params = autotune.tuned_params(self, kernel) if autotune.active() else None
-        return self.compile_candidate(kernel, params)[0]
+        return self.compile_many([kernel])[0]
+
+    def compile_many(self, kernels: Sequence[Kernel]) -> list[ProgramId]:
+        """Programs of ``kernels``: rendered in order, the libraries missing from the disk cache built
+        concurrently (one compiler process per core), then loaded in order."""
+        sources = []
+        for k in kernels:
+            if utils.KERNEL_LOG is not None:
+                utils.KERNEL_LOG.append(k)
+            params = autotune.tuned_params(self, k) if autotune.active() else None
+            sources.append(self.render(k, params))
+        missing = {src: k.name for k, src in zip(kernels, sources)
+                   if src not in self._by_source and not self.compiler.library_path(src).exists()}
+        if len(missing) > 1:
+            with ThreadPoolExecutor(min(len(missing), self.threads)) as pool:
+                list(pool.map(self._prebuild, missing.items()))
+        return [self._program(k, src) for k, src in zip(kernels, sources)]
+
+    def _prebuild(self, item: tuple[str, str]) -> None:
+        try:
+            self.compiler.build(*item)
+        except BackendError:
+            pass  # _program compiles it again and raises the error for its kernel, in order
 
     # ---- autotuning (``autotune.Tunable``) ---------------------------------------------------------------------------
     def tuning_space(self, kernel: Kernel) -> dict[str, tuple[int, ...]]:
@@ -128,9 +148,15 @@ class HostDevice(Device):
     def compile_candidate(self, kernel: Kernel, params: Mapping[str, int] | None) -> tuple[ProgramId, bool]:
         """The program of ``kernel`` under ``params`` (never tuned) and whether this call created it."""
         src = self.render(kernel, params)
+        created = src not in self._by_source
+        return self._program(kernel, src), created
+
+    def _program(self, kernel: Kernel, src: str) -> ProgramId:
+        """The program of ``kernel`` rendered as ``src``: the loaded one, or a new one (compiled when its library
+        is not on disk yet)."""
         pid = self._by_source.get(src)
         if pid is not None:
-            return pid, False
+            return pid
         if debug_on("ir"):
             log("ir", f"{kernel.name}: loops={kernel.loops} stores={kernel.stores}")
         if debug_on("asm"):
@@ -148,7 +174,7 @@ class HostDevice(Device):
         self._next += 1
         self._programs[pid] = _Program(fn, kernel, lib, src)
         self._by_source[src] = pid
-        return pid, True
+        return pid
 
     def source(self, program: ProgramId) -> str:
         return self._programs[program].source
