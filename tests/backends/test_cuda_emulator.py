@@ -20,6 +20,7 @@ import random
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -521,3 +522,32 @@ def test_timed_launch_waits_for_a_fresh_buffers_allocation():
         m.device.sync()
     finally:
         m.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# resources of the emulator itself
+
+
+def _guard_pages() -> int:
+    """Anonymous one-page PROT_NONE mappings of this process (the fibers' stack guards, threads' guards)."""
+    n = 0
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split()
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            n += parts[1] == "---p" and len(parts) == 5 and hi - lo == 4096
+    return n
+
+
+def test_idle_streams_give_back_their_fiber_stacks():
+    """Each fiber stack has a guard page, a mapping of its own; a process may hold only vm.max_map_count of them
+    (65530: the suite ran out once). A stream that runs out of work keeps at most 32 stacks."""
+    if "cuda:0" not in zyx.registry().placements():
+        pytest.skip("the emulated GPU is off (ZYX_CUDA_EMULATE=0)")
+    before = _guard_pages()
+    y = zyx.Tensor(np.ones(1 << 20, np.float32), device="cuda").sum().realize()  # blocks of 1024 fibers
+    assert y.item() == 1 << 20
+    deadline = time.monotonic() + 5
+    while _guard_pages() > before + 64 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _guard_pages() <= before + 64

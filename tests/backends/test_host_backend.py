@@ -118,8 +118,9 @@ def _fresh_host(tmp_path, monkeypatch):
 
 
 def _three_kernels() -> list:
-    import zyx
     from conftest import kernels_of
+
+    import zyx
 
     x = zyx.Tensor(np.arange(12, dtype=np.float32).reshape(3, 4))
     return [kernels_of(t)[0] for t in (x.sum(0), x.exp().max(1), (x * 3 - 1).abs())]

@@ -438,6 +438,7 @@ def emulated(monkeypatch):
         emu_run(cs, kernel, list(args), dev.pool().address)
 
     monkeypatch.setattr(dev, "compile", compile_)
+    monkeypatch.setattr(dev, "compile_many", lambda kernels: [compile_(k) for k in kernels])
     monkeypatch.setattr(dev, "launch", launch)
     schedule.clear_cache()
     yield programs

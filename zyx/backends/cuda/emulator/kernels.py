@@ -246,6 +246,13 @@ static unsigned char* zyx_dyn_shared(void) {
   return zyx_t.dyn;
 }
 
+/* A thread's stacks for more than 32 fibers go back to the system when its stream idles (zyx_emu_trim): each
+   stack's guard page is a mapping of its own, and a process may hold only vm.max_map_count (65530) of them. */
+extern "C" void zyx_emu_trim(void) {
+  ZyxThread& t = zyx_t;
+  if (t.stacks && t.nstacks > 32) { munmap(t.stacks, t.stacks_len); t.stacks = 0; t.nstacks = 0; t.stacks_len = 0; }
+}
+
 static const zyx_emu_rt zyx_table = {@ABI@, zyx_enter, zyx_leave, zyx_stacks, zyx_scratch, zyx_dyn_shared,
                                      ZYX_DYN_CAP};
 extern "C" const zyx_emu_rt* zyx_emu_runtime(void) { return &zyx_table; }
@@ -1244,8 +1251,17 @@ def _runtime() -> int:
             copy = lib.zyx_emu_guarded_copy
             copy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_ulong, ctypes.POINTER(_Result)]
             copy.restype = ctypes.c_int
-            _RT.extend([lib, fn(), copy])
+            trim = lib.zyx_emu_trim
+            trim.argtypes, trim.restype = [], None
+            _RT.extend([lib, fn(), copy, trim])
         return _RT[1]
+
+
+def trim_thread() -> None:
+    """Give back this OS thread's large fiber-stack block (kept between launches; a stream calls this when it
+    runs out of work, so idle threads hold no more than 32 stacks' mappings)."""
+    if _RT:
+        _RT[3]()
 
 
 def guarded_copy(dst: int, src: int, nbytes: int) -> Fault | None:

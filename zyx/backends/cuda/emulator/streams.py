@@ -23,6 +23,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from zyx.backends.cuda.emulator import kernels
+
 
 class Marker:
     """One record of an event: set when the stream reached it (``at``: ``perf_counter_ns`` then)."""
@@ -139,6 +141,10 @@ class Stream:
 
     def _run(self) -> None:
         while True:
+            with self._cv:
+                idle = not self._queue
+            if idle:
+                kernels.trim_thread()
             with self._cv:
                 while not self._queue:
                     self._cv.wait()
