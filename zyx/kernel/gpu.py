@@ -46,7 +46,10 @@ Strategies (every kernel gets one; each is correct for every kernel it is chosen
             as a whole (``mma_vector_fill``), ``__syncthreads``, build their fragments from shared memory and issue
             the mma's, ``__syncthreads`` again. The epilogue (the output
             block's statements and stores) runs per accumulator element inside the bounds. Chosen before every
-            other strategy when it applies.
+            other strategy when it applies. A float32 contraction takes this layout only when the device allows
+            TF32 (``DeviceInfo.allow_tf32``, sm_80+): the fill rounds each operand to tf32 (``cvt.rna``) into one
+            word, ``[BM][BK + pad]`` / ``[BN][BK + pad]``, and the warps issue ``mma.sync.m16n8k8`` tf32 tiles;
+            otherwise float32 stays exact FP32.
 ``group``   one *group* of ``G`` threads (a warp when ``G == 32``, several warps per block; else one block per
             group) per iteration of output loops ``[0, s)``. The top-level reduces at depth ``s`` are cooperative:
             each thread accumulates a strided slice of the reduce range, then warp shuffles (``__shfl_xor_sync``:
@@ -108,13 +111,25 @@ THREAD_OUTPUTS_PER_UNIT = 256  # the thread strategy for reduces needs this many
 
 
 MMA_M, MMA_N, MMA_K = 16, 8, 16  # the mma.sync.m16n8k16 tile (f16 / bf16 inputs, f32 accumulators)
+MMA_K_TF32 = 8  # the mma.sync.m16n8k8 tile of float32 inputs rounded to tf32 (``DeviceInfo.allow_tf32``)
+
+
+def mma_pack(dtype: dtypes.DType) -> int:
+    """Operand elements per 32-bit word of a shared tile and a fragment register: 2 for f16 / bf16, 1 for tf32."""
+    return 1 if dtype is dtypes.float32 else 2
+
+
+def mma_k(dtype: dtypes.DType) -> int:
+    """The k extent of one ``mma.sync`` of ``dtype`` operands: 16 (m16n8k16) or 8 for tf32 (m16n8k8). Either way
+    one k step of the fragment loop is 8 words of a shared row."""
+    return MMA_K_TF32 if dtype is dtypes.float32 else MMA_K
 
 
 @dataclass(frozen=True)
 class MmaTile:
     """The mma layout's blocking: a block of ``wm x wn`` warps computes a ``bm x bn`` output tile, stepping k by
     ``bk``; each warp owns a ``bm/wm x bn/wn`` sub-tile of 16x8 mma tiles. Invariants: ``bm % (16 wm) == 0``,
-    ``bn % (8 wn) == 0``, ``bk % 16 == 0``."""
+    ``bn % (8 wn) == 0``, ``bk % 16 == 0`` (so ``bk`` is also a multiple of tf32's k step, 8)."""
 
     bm: int
     bn: int
@@ -136,14 +151,20 @@ class MmaTile:
         """8-column mma tiles per warp along n."""
         return self.bn // (MMA_N * self.wn)
 
-    def row_words(self, k_first: bool) -> int:
-        """32-bit words per row of a shared tile: ``bk / 2`` k-pairs and a pad (bank spreading) of 4 when the fill
-        walks k fastest (rows stay 16-byte aligned for vector stores), else 1 (a fill walking the rows)."""
-        return self.bk // 2 + (4 if k_first else 1)
+    def row_words(self, k_first: bool, pack: int = 2) -> int:
+        """32-bit words per row of a shared tile: ``bk / pack`` words (``mma_pack``: k-pairs of 16-bit operands,
+        single tf32 values) and a pad (bank spreading) of 4 when the fill walks k fastest (rows stay 16-byte
+        aligned for vector stores), else 1 (a fill walking the rows)."""
+        return self.bk // pack + (4 if k_first else 1)
+
+    def shared_bytes_of(self, dtype: dtypes.DType) -> int:
+        """Bytes of both shared tiles for ``dtype`` operands; an upper bound: the wider pad."""
+        return 4 * self.row_words(True, mma_pack(dtype)) * (self.bm + self.bn)
 
     @property
     def shared_bytes(self) -> int:
-        return 4 * self.row_words(True) * (self.bm + self.bn)  # an upper bound: the wider pad
+        """``shared_bytes_of`` 16-bit operands."""
+        return self.shared_bytes_of(dtypes.float16)
 
 
 # the ``mma_tile`` parameter's values index this tuple; the heuristic takes the first that gives every SM a block
@@ -154,8 +175,8 @@ MMA_TILES = (MmaTile(128, 128, 32, 2, 4), MmaTile(128, 64, 32, 2, 2), MmaTile(64
 @dataclass(frozen=True)
 class Contraction:
     """A kernel's reduce ``sum_k a(m, k) * b(k, n)`` (``find_contraction``): ``a`` and ``b`` are 16-bit values
-    (``dtype``) cast to float32 in the reduce; ``m`` and ``n`` are output loops, ``k`` the reduce's range; other
-    output loops (batch) may index either operand."""
+    (``dtype``) cast to float32 in the reduce, or float32 values (``dtype`` float32: tf32 tensor cores); ``m`` and
+    ``n`` are output loops, ``k`` the reduce's range; other output loops (batch) may index either operand."""
 
     reduce: Expr
     m: Expr
@@ -519,48 +540,56 @@ def _columns_pay(root: Block, cols: Geometry) -> bool:
 _MMA_DTYPES = (dtypes.float16, dtypes.bfloat16)
 
 
-def _operand(x: Expr) -> Expr | None:
-    """The 16-bit value under a float32 operand ``CAST(u)``, else None."""
+def _operand(x: Expr, tf32: bool) -> Expr | None:
+    """The 16-bit value under a float32 operand ``CAST(u)``; with ``tf32``, else the float32 operand itself."""
     if x.op is Ops.CAST and x.dtype is dtypes.float32 and x.srcs[0].dtype in _MMA_DTYPES:
         return x.srcs[0]
-    return None
+    return x if tf32 and x.dtype is dtypes.float32 else None
 
 
-def find_contraction(k: Kernel) -> Contraction | None:
+def find_contraction(k: Kernel, tf32: bool = False) -> Contraction | None:
     """The kernel's contraction (``kernel.contraction``) when it is ``sum over one range k of a(m, k) * b(k, n)``
     of two 16-bit operands of one dtype (each any expression of its ranges, cast to float32; accumulated in
-    float32), depending on every output loop. ``n`` is the innermost of ``m`` and ``n`` (adjacent outputs are
-    adjacent columns of the tile)."""
+    float32), or with ``tf32`` of two float32 operands (``dtype`` float32), depending on every output loop. ``n``
+    is the innermost of ``m`` and ``n`` (adjacent outputs are adjacent columns of the tile)."""
     if k.then:
         return None
     c = contraction.find_contraction(k)
     if c is None or c.red.dtype is not dtypes.float32 or set(c.red.ranges) != set(k.loops):
         return None
-    a, b = _operand(c.a), _operand(c.b)
+    a, b = _operand(c.a, tf32), _operand(c.b, tf32)
     if a is None or b is None or a.dtype is not b.dtype:
         return None
     return Contraction(c.red, c.m, c.n, c.k, a, b, a.dtype)
 
 
-def mma_tiles(info: DeviceInfo) -> tuple[int, ...]:
-    """Indices into ``MMA_TILES`` of the tilings that fit ``info`` (shared memory, threads per block)."""
+def _tf32(info: DeviceInfo) -> bool:
+    """Whether float32 contractions may run on tf32 tensor cores: the user allows it and the device has them."""
+    return info.allow_tf32 and info.tensor_cores and (info.compute_capability or (0, 0)) >= (8, 0)
+
+
+def mma_tiles(info: DeviceInfo, dtype: dtypes.DType = dtypes.float16) -> tuple[int, ...]:
+    """Indices into ``MMA_TILES`` of the tilings that fit ``info`` (shared memory for ``dtype`` operands, threads
+    per block)."""
     limit = max(info.max_local_threads, WARP)
     shared = info.local_memory_bytes or 48 * 1024
-    return tuple(i for i, t in enumerate(MMA_TILES) if t.warps * WARP <= limit and t.shared_bytes <= shared)
+    return tuple(i for i, t in enumerate(MMA_TILES)
+                 if t.warps * WARP <= limit and t.shared_bytes_of(dtype) <= shared)
 
 
 def _mma_geometry(k: Kernel, info: DeviceInfo, tile: int | None = None) -> Geometry | None:
-    """Tensor cores for a 16-bit contraction (sm_80+: ``mma.sync.m16n8k16``), one block per ``MmaTile`` of the
-    output, when the contraction is at least one 16x8x16 mma tile in each dimension. ``tile`` indexes
-    ``MMA_TILES`` (one that does not fit ``info``: the heuristic's); the heuristic takes the largest tiling that
-    gives every SM a block, else the one with the most blocks."""
+    """Tensor cores for a 16-bit contraction (sm_80+: ``mma.sync.m16n8k16``), or a float32 one when
+    ``info.allow_tf32`` (``m16n8k8`` on tf32-rounded operands), one block per ``MmaTile`` of the output, when the
+    contraction is at least one mma tile in each dimension. ``tile`` indexes ``MMA_TILES`` (one that does not fit
+    ``info``: the heuristic's); the heuristic takes the largest tiling that gives every SM a block, else the one
+    with the most blocks."""
     cap = info.compute_capability or (0, 0)
     if not info.tensor_cores or cap < (8, 0):
         return None
-    c = find_contraction(k)
-    if c is None or c.m.arg[1] < MMA_M or c.n.arg[1] < MMA_N or c.k.arg[1] < MMA_K:
+    c = find_contraction(k, _tf32(info))
+    if c is None or c.m.arg[1] < MMA_M or c.n.arg[1] < MMA_N or c.k.arg[1] < mma_k(c.dtype):
         return None
-    fits = mma_tiles(info)
+    fits = mma_tiles(info, c.dtype)
     if not fits:
         return None
     batch = math.prod(r.arg[1] for r in k.loops if r is not c.m and r is not c.n)
@@ -591,20 +620,27 @@ def mma_fill_order(c: Contraction) -> tuple[bool, bool]:
 VECTOR = 8  # 16-bit elements per 16-byte vector load of an mma tile fill
 
 
+def mma_vector(dtype: dtypes.DType) -> int:
+    """Elements per 16-byte vector load of an mma tile fill: ``VECTOR`` 16-bit ones, 4 float32 ones."""
+    return 16 // dtype.itemsize
+
+
 def mma_vector_fill(c: Contraction) -> tuple[bool, bool]:
-    """Whether the tile fill of ``a`` / ``b`` may read ``VECTOR`` adjacent elements along its fast axis (see
-    ``mma_fill_order``) with one 16-byte load: the operand is a plain load (no gate) whose index is affine in the
-    ranges with coefficient 1 along that axis and every other coefficient and the offset multiples of ``VECTOR``,
-    and the axis' size is a multiple of ``VECTOR`` (a vector starting at a multiple of it is wholly inside or wholly
-    outside the bounds; tiles start at multiples of it). Buffers are whole pool allocations (256-byte aligned on
-    CUDA and in the emulator), so such a vector is 16-byte aligned."""
+    """Whether the tile fill of ``a`` / ``b`` may read ``v = mma_vector(c.dtype)`` adjacent elements along its fast
+    axis (see ``mma_fill_order``) with one 16-byte load: the operand is a plain load (no gate) whose index is
+    affine in the ranges with coefficient 1 along that axis and every other coefficient and the offset multiples of
+    ``v``, and the axis' size is a multiple of ``v`` (a vector starting at a multiple of it is wholly inside or
+    wholly outside the bounds; tiles start at multiples of it). Buffers are whole pool allocations (256-byte
+    aligned on CUDA and in the emulator), so such a vector is 16-byte aligned."""
+    v = mma_vector(c.dtype)
+
     def ok(u: Expr, fast: Expr) -> bool:
-        if u.op is not Ops.LOAD or len(u.srcs) != 1 or fast.arg[1] % VECTOR:
+        if u.op is not Ops.LOAD or len(u.srcs) != 1 or fast.arg[1] % v:
             return False
         terms, offset = ir._linear(u.srcs[0])
-        if offset % VECTOR or any(r.op is not Ops.RANGE for r in terms) or terms.get(fast) != 1:
+        if offset % v or any(r.op is not Ops.RANGE for r in terms) or terms.get(fast) != 1:
             return False
-        return all(v % VECTOR == 0 for r, v in terms.items() if r is not fast)
+        return all(x % v == 0 for r, x in terms.items() if r is not fast)
 
     a_k, b_k = mma_fill_order(c)
     return ok(c.a, c.k if a_k else c.m), ok(c.b, c.k if b_k else c.n)
@@ -854,7 +890,8 @@ def search_space(k: Kernel, info: DeviceInfo) -> dict[str, tuple[int, ...]]:
         p["warps_per_block"] = tuple(w for w in WARPS_CHOICES if w * WARP <= limit)
     if "mma" in legal:
         first = MMA_TILES.index(legal["mma"].tile)
-        p["mma_tile"] = (first,) + tuple(i for i in mma_tiles(info) if i != first)
+        dtype = legal["mma"].contraction.dtype  # type: ignore[union-attr]
+        p["mma_tile"] = (first,) + tuple(i for i in mma_tiles(info, dtype) if i != first)
     return p
 
 
@@ -867,8 +904,8 @@ def geometry(k: Kernel) -> Geometry:
 
 
 __all__ = ["Contraction", "Geometry", "META_KEY", "MMA_TILES", "MmaTile", "access_sectors", "coalesced_across",
-           "find_contraction", "flatten_count", "geometry", "lane_strides", "mma_fill_order", "mma_tiles",
-           "mma_vector_fill",
+           "find_contraction", "flatten_count", "geometry", "lane_strides", "mma_fill_order", "mma_k", "mma_pack",
+           "mma_tiles", "mma_vector", "mma_vector_fill",
            "optimize", "order_output_loops", "order_reduce_ranges", "output_blocks", "output_loops", "plan",
            "plan_vector", "vector_piece", "contiguous_aligned",
            "reduce_chain", "reduce_depths", "reduce_loads", "reference_info", "search_space", "serial_lengths",

@@ -9,12 +9,12 @@ reduce identities and updates are the host's, so both targets compute the same t
   ``thread`` / ``segments`` grid-stride loops, ``group`` (shuffles, a shared exchange across warps), ``columns``
   (``threadIdx.x`` along the outputs, ``threadIdx.y`` splitting the reduce, partials combined in
   ``__shared__ acc_sh[TY][TX]``) and ``mma`` (operand tiles staged in ``__shared__ zsa`` / ``zsb`` by the whole
-  block, fragments read from them, ``mma.sync.m16n8k16`` as inline PTX under ``__CUDA_ARCH__ >= 800``, with a
-  portable branch that exchanges the same fragment registers by ``__shfl_sync``, so the emulator checks the
-  shared layout, the fragment layout and the indexing). A vectorized ``thread`` layout (``Geometry.vector``)
-  reads and writes its proven-aligned accesses through ``zyx_vld_T`` / ``zyx_vst_T`` (``float4``, ``uint4``,
-  ``double2``, ...; 1- and 2-byte elements packed little-endian in 32-bit words), which trap on a misaligned
-  address when compiled for anything but a GPU (the emulator), as the GPU faults.
+  block, fragments read from them, ``mma.sync.m16n8k16`` (``m16n8k8`` tf32 for float32) as inline PTX under
+  ``__CUDA_ARCH__ >= 800``, with a portable branch that exchanges the same fragment registers by ``__shfl_sync``,
+  so the emulator checks the shared layout, the fragment layout and the indexing). A vectorized ``thread`` layout
+  (``Geometry.vector``) reads and writes its proven-aligned accesses through ``zyx_vld_T`` / ``zyx_vst_T``
+  (``float4``, ``uint4``, ``double2``, ...; 1- and 2-byte elements packed little-endian in 32-bit words), which
+  trap on a misaligned address when compiled for anything but a GPU (the emulator), as the GPU faults.
 - float16 / bfloat16: stored as 16-bit patterns (``unsigned short``), computed in ``float`` registers and rounded
   back after every op, exactly as on the host. The conversions are the hardware ``cvt.rn`` instructions via
   inline PTX (what ``cuda_fp16.h`` / ``cuda_bf16.h`` emit) instead of including those headers, which would add
@@ -142,6 +142,19 @@ ZYX_DEV unsigned short zyx_f32_to_bfloat16(float f) {
 }
 ZYX_DEV float zyx_round_bfloat16(float f) { return zyx_bfloat16_to_f32(zyx_f32_to_bfloat16(f)); }
 """
+
+TF32_PRELUDE = r"""ZYX_DEV unsigned int zyx_f32_to_tf32(float f) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  unsigned int u; asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(u) : "f"(f)); return u;
+#else
+  unsigned int u = zyx_f2u(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return u | 0x00400000u;
+  return (u + 0x1000u) & 0xffffe000u;
+#endif
+}
+"""
+# zyx_f32_to_tf32: the bits of f rounded to tf32 (10-bit mantissa, nearest, ties away from zero, as
+# cvt.rna.tf32.f32; overflow to infinity; a NaN stays a quiet NaN), low 13 bits zero off the GPU.
 
 _HELPER_NAME = re.compile(r"\b(zyx_\w+)\(")
 
@@ -283,8 +296,11 @@ class CUDARenderer(CStyleRenderer):
         names = set(_HELPER_NAME.findall(body))
         uses16 = bool(names & {"zyx_float16_to_f32", "zyx_f32_to_float16", "zyx_round_float16"})
         usesbf = bool(names & {"zyx_bfloat16_to_f32", "zyx_f32_to_bfloat16", "zyx_round_bfloat16"})
-        if uses16 or usesbf:
+        uses_tf32 = "zyx_f32_to_tf32" in names
+        if uses16 or usesbf or uses_tf32 or names & {"zyx_f2u", "zyx_u2f"}:
             parts.append(BITS_PRELUDE)
+        if uses_tf32:
+            parts.append(TF32_PRELUDE)
         if uses16:
             parts.append(FLOAT16_PRELUDE)
         if usesbf:
@@ -355,7 +371,10 @@ class _Writer:
         ``zsb[bn][bk/2 + 4]`` (``b(2p, n)``, ``b(2p + 1, n)``), zero outside the bounds, then each warp reads its
         fragments from them in the PTX ``m16n8k16`` layout: lane ``zl`` holds A words (rows ``zr``, ``zr + 8``;
         k-pairs ``zt``, ``zt + 4``), B words (k-pairs as A's, column ``zr``) and accumulators (rows ``zr``,
-        ``zr + 8``; columns ``2 zt``, ``2 zt + 1``). On the device ``mma.sync`` multiplies the fragments; elsewhere
+        ``zr + 8``; columns ``2 zt``, ``2 zt + 1``). A float32 contraction (tf32, ``m16n8k8``) keeps one tf32 value
+        per word (word ``[m][p]`` holds ``a(m, p)``, rounded by ``zyx_f32_to_tf32``), and the same word indices
+        are the PTX ``m16n8k8`` tf32 fragments (A: rows ``zr``, ``zr + 8``, k ``zt``, ``zt + 4``; B: k as A's,
+        column ``zr``), so the fragment loads are shared. On the device ``mma.sync`` multiplies the fragments; elsewhere
         (``__CUDA_ARCH__`` undefined or below 800) the lanes exchange the same fragment registers with
         ``__shfl_sync`` and compute the same products. Every thread reaches every ``__syncthreads`` (the loops
         over block tiles and k steps are uniform)."""
@@ -366,14 +385,15 @@ class _Writer:
         size_m, size_n, size_k = c.m.arg[1], c.n.arg[1], c.k.arg[1]
         blocks_m, blocks_n = -(-size_m // t.bm), -(-size_n // t.bn)
         batch = [lp for lp in loops if lp.range is not c.m and lp.range is not c.n]
-        tm, tn, kw = t.tiles_m, t.tiles_n, t.bk // 2
+        pack = gpu.mma_pack(c.dtype)
+        tm, tn, kw = t.tiles_m, t.tiles_n, t.bk // pack
         wtm, wtn = t.bm // t.wm, t.bn // t.wn
         threads = t.warps * gpu.WARP
         it = index_type(g.items + g.grid[0])
         a_k, b_k = gpu.mma_fill_order(c)
         a_v, b_v = gpu.mma_vector_fill(c)
-        self.shared.append(f"  __shared__ __align__(16) unsigned int zsa[{t.bm}][{t.row_words(a_k)}];")
-        self.shared.append(f"  __shared__ __align__(16) unsigned int zsb[{t.bn}][{t.row_words(b_k)}];")
+        self.shared.append(f"  __shared__ __align__(16) unsigned int zsa[{t.bm}][{t.row_words(a_k, pack)}];")
+        self.shared.append(f"  __shared__ __align__(16) unsigned int zsb[{t.bn}][{t.row_words(b_k, pack)}];")
         self.emit("  ", "const int zl = threadIdx.x, zw = threadIdx.y, zr = zl >> 2, zt = zl & 3;")
         self.emit("  ", f"const int zid = zw * {gpu.WARP} + zl, zwm = zw / {t.wn}, zwn = zw % {t.wn};")
         self.emit("  ", f"for ({it} zg = ({it})blockIdx.x; zg < {g.items}; zg += ({it})gridDim.x) {{")
@@ -388,8 +408,9 @@ class _Writer:
                        "for (int zq = 0; zq < 4; zq++) zc[zi][zj][zq] = 0.0f;")
         self.emit(ind, f"for (int zk = 0; zk < {size_k}; zk += {t.bk}) {{")
         i2 = ind + "  "
-        self.fill_tile(c.a, "zsa", c.m, "zbm", size_m, t.bm, a_k, a_v, c.k, size_k, kw, threads, i2)
-        self.fill_tile(c.b, "zsb", c.n, "zbn", size_n, t.bn, b_k, b_v, c.k, size_k, kw, threads, i2)
+        fill = self.fill_tile if pack == 2 else self.fill_tile_tf32
+        fill(c.a, "zsa", c.m, "zbm", size_m, t.bm, a_k, a_v, c.k, size_k, kw, threads, i2)
+        fill(c.b, "zsb", c.n, "zbn", size_n, t.bn, b_k, b_v, c.k, size_k, kw, threads, i2)
         self.emit(i2, "__syncthreads();")
         self.emit(i2, "#pragma unroll")
         self.emit(i2, f"for (int zp = 0; zp < {kw}; zp += 8) {{")
@@ -483,6 +504,47 @@ class _Writer:
             self.emit(ind + "  ", "}")
         self.emit(ind, "}")
 
+    def fill_tile_tf32(self, u: Expr, arr: str, r: Expr, base: str, size: int, rows: int, k_first: bool,
+                       vector: bool, kr: Expr, size_k: int, kw: int, threads: int, ind: str) -> None:
+        """``fill_tile`` for float32 operands: word ``[i][p]`` = ``u`` at (``r = base + i``, ``k = zk + p``)
+        rounded to tf32 (zero outside the bounds). With ``vector`` a thread reads 4 adjacent floats along its fast
+        axis with one 16-byte load: 4 words of a row (``k_first``), or one word of 4 rows."""
+        v = gpu.mma_vector(dtypes.float32)
+        per = (kw // v, rows) if k_first else (rows // v, kw)
+        if not vector:
+            per = (kw, rows) if k_first else (rows, kw)
+        total = per[0] * per[1]
+        trips = -(-total // threads)
+        self.emit(ind, "#pragma unroll")
+        self.emit(ind, f"for (int zf = 0; zf < {trips}; zf++) {{")
+        i2 = ind + "  "
+        self.emit(i2, f"const int zo = zid + zf * {threads};")
+        if total % threads:
+            self.emit(i2, f"if (zo < {total}) {{")
+            i2 += "  "
+        if k_first:  # zu: row, zv: k (or k-quad)
+            self.emit(i2, f"const int zu = zo / {per[0]}, zv = zo % {per[0]};")
+        else:  # zu: row (or row quad), zv: k
+            self.emit(i2, f"const int zu = zo % {per[0]}, zv = zo / {per[0]};")
+        if not vector:
+            self.emit(i2, "unsigned int zx = 0u;")
+            self.fragment_bits(u, {r: (f"{base} + zu", size), kr: ("zk + zv", size_k)}, "zx", 0, i2)
+            self.emit(i2, f"{arr}[zu][zv] = zx;")
+        else:
+            self.emit(i2, "uint4 zx = make_uint4(0u, 0u, 0u, 0u);")
+            at = ({r: (f"{base} + zu", size), kr: (f"zk + {v} * zv", size_k)} if k_first
+                  else {r: (f"{base} + {v} * zu", size), kr: ("zk + zv", size_k)})
+            self.vector_load(u, at, "zx", i2)
+            for f in "xyzw":
+                self.emit(i2, f"zx.{f} = zyx_f32_to_tf32(zyx_u2f(zx.{f}));")
+            if k_first:
+                self.emit(i2, f"*(uint4*)&{arr}[zu][{v} * zv] = zx;")
+            else:
+                self.emit(i2, " ".join(f"{arr}[{v} * zu + {j}][zv] = zx.{f};" for j, f in enumerate("xyzw")))
+        if total % threads:
+            self.emit(ind + "  ", "}")
+        self.emit(ind, "}")
+
     def vector_load(self, u: Expr, at: dict[Expr, tuple[str, int]], reg: str, ind: str) -> None:
         """``reg = `` the 16 bytes of the plain load ``u``'s buffer from its index at the range values ``at``
         (C expression, size per range; left as is when one is out of bounds)."""
@@ -500,8 +562,12 @@ class _Writer:
         self.emit(ind, "}")
 
     def mma_step(self, dtype: DType, acc: str, a: str, b: str, ind: str) -> None:
-        """``acc[0..3] += a-fragment x b-fragment`` for one ``m16n8k16`` tile: ``mma.sync`` on sm_80+, else the
-        same products from the fragment registers exchanged by ``__shfl_sync`` (uniform across the warp)."""
+        """``acc[0..3] += a-fragment x b-fragment`` for one ``m16n8k16`` tile (``m16n8k8`` tf32 for float32):
+        ``mma.sync`` on sm_80+, else the same products from the fragment registers exchanged by ``__shfl_sync``
+        (uniform across the warp), accumulated by ``fmaf`` in k order."""
+        if dtype is dtypes.float32:
+            self.mma_step_tf32(acc, a, b, ind)
+            return
         ty = "f16" if dtype is dtypes.float16 else "bf16"
         cvt = f"zyx_{dtype.name}_to_f32"
         self.lines.extend([
@@ -525,9 +591,34 @@ class _Writer:
             "#endif",
         ])
 
+    def mma_step_tf32(self, acc: str, a: str, b: str, ind: str) -> None:
+        """``acc[0..3] += a x b`` for one ``m16n8k8`` tile of tf32 words (one element per register: A ``a[0..3]``
+        rows ``zr``, ``zr + 8`` / k ``zt``, ``zt + 4``; B ``b[0..1]`` k ``zt``, ``zt + 4``, column ``zr``). Off
+        the GPU each product of two tf32 values is exact in float32, so ``fmaf`` in k order gives what the tensor
+        core's float32 accumulation gives up to the order within one mma."""
+        self.lines.extend([
+            "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800",
+            f'{ind}asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {{%0, %1, %2, %3}}, '
+            '{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"',
+            f'{ind}    : "+f"({acc}[0]), "+f"({acc}[1]), "+f"({acc}[2]), "+f"({acc}[3])',
+            f'{ind}    : "r"({a}[0]), "r"({a}[1]), "r"({a}[2]), "r"({a}[3]), "r"({b}[0]), "r"({b}[1]));',
+            "#else",
+            f"{ind}for (int zq = 0; zq < 8; zq++) {{",
+            f"{ind}  const int zh = zq >> 2, zs = zq & 3;",
+            f"{ind}  const float zx0 = zyx_u2f(__shfl_sync({FULL_MASK}, {a}[2 * zh], zr * 4 + zs));",
+            f"{ind}  const float zx1 = zyx_u2f(__shfl_sync({FULL_MASK}, {a}[2 * zh + 1], zr * 4 + zs));",
+            f"{ind}  const float zy0 = zyx_u2f(__shfl_sync({FULL_MASK}, {b}[zh], zt * 8 + zs));",
+            f"{ind}  const float zy1 = zyx_u2f(__shfl_sync({FULL_MASK}, {b}[zh], zt * 8 + 4 + zs));",
+            f"{ind}  {acc}[0] = fmaf(zx0, zy0, {acc}[0]); {acc}[1] = fmaf(zx0, zy1, {acc}[1]);",
+            f"{ind}  {acc}[2] = fmaf(zx1, zy0, {acc}[2]); {acc}[3] = fmaf(zx1, zy1, {acc}[3]);",
+            f"{ind}}}",
+            "#endif",
+        ])
+
     def fragment_bits(self, u: Expr, at: dict[Expr, tuple[str, int]], reg: str, shift: int, ind: str) -> None:
         """OR the 16-bit pattern of ``u`` at the range values ``at`` (C expression, size per range; zero when one
-        is out of bounds) into ``reg`` at bit ``shift``. A plain load reads its stored bits."""
+        is out of bounds) into ``reg`` at bit ``shift``. A plain load reads its stored bits; a float32 ``u`` gives
+        its 32 tf32 bits (``zyx_f32_to_tf32``)."""
         self.emit(ind, "{")
         i2 = ind + "  "
         inb = " && ".join(f"({x}) < {n}" for x, n in at.values())
@@ -538,7 +629,9 @@ class _Writer:
         for e in ir.toposort([u.srcs[0]] if plain else [u]):
             if e.op not in (Ops.CONST, Ops.RANGE):
                 self.define(e, i2)
-        if plain:
+        if u.dtype is dtypes.float32:  # a tf32 operand: its value rounded to tf32
+            bits = f"zyx_f32_to_tf32({f'p{u.arg}[{self.value(u.srcs[0])}]' if plain else self.name[u]})"
+        elif plain:
             bits = f"p{u.arg}[{self.value(u.srcs[0])}]"
         else:
             bits = f"zyx_f32_to_{u.dtype.name}({self.name[u]})"

@@ -22,6 +22,7 @@ class DeviceInfo:
     compute_capability: tuple[int, int] | None = None
     dtypes: frozenset[str] = frozenset()
     tensor_cores: bool = False
+    allow_tf32: bool = False  # float32 contractions may round their operands to tf32 on tensor cores (opt-in)
     vector_bytes: int = 32  # widest SIMD register the generated code may use
     vector_registers: int = 16  # how many of them (register tiles are sized to fit)
     # Rough peaks for the cost model (extraction); measured time replaces them when autotuning.

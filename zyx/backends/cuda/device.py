@@ -40,8 +40,10 @@ def _per_clock(cc: tuple[int, int]) -> int:
     return _TENSOR_FLOPS_PER_CLOCK.get(cc, _TENSOR_FLOPS_PER_CLOCK.get((cc[0], None), 1024))
 
 
-def device_info(name: str, device_name: str, attrs: dict[str, int], total_memory: int = 0) -> DeviceInfo:
-    """A ``DeviceInfo`` from the driver's device attributes (``driver.DEVICE_ATTRIBUTES`` names)."""
+def device_info(name: str, device_name: str, attrs: dict[str, int], total_memory: int = 0,
+                allow_tf32: bool = False) -> DeviceInfo:
+    """A ``DeviceInfo`` from the driver's device attributes (``driver.DEVICE_ATTRIBUTES`` names); ``allow_tf32``
+    (the ``cuda.allow_tf32`` config) is reported only where tf32 tensor cores exist (sm_80+)."""
     cc = (attrs.get("COMPUTE_CAPABILITY_MAJOR", 0), attrs.get("COMPUTE_CAPABILITY_MINOR", 0))
     sms = max(attrs.get("MULTIPROCESSOR_COUNT", 1), 1)
     clock_hz = (attrs.get("CLOCK_RATE", 0) or 1_500_000) * 1e3
@@ -75,7 +77,8 @@ def device_info(name: str, device_name: str, attrs: dict[str, int], total_memory
                         attrs.get("MAX_BLOCK_DIM_Z", 64)),
         max_local_threads=attrs.get("MAX_THREADS_PER_BLOCK", 1024), local_memory_bytes=shared,
         warp_size=attrs.get("WARP_SIZE", 32), compute_capability=cc, dtypes=frozenset(names),
-        tensor_cores=tensor_cores, vector_bytes=16, peak_gflops=fp32_tflops * 1e3, memory_gbps=copy_gbps,
+        tensor_cores=tensor_cores, allow_tf32=allow_tf32 and tensor_cores and cc >= (8, 0), vector_bytes=16,
+        peak_gflops=fp32_tflops * 1e3, memory_gbps=copy_gbps,
         launch_overhead_ns=4_000,
         extra={"device_name": device_name, "arch": f"sm_{cc[0]}{cc[1]}", "shared_optin_bytes":
                attrs.get("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN", shared), "l2_bytes": attrs.get("L2_CACHE_SIZE", 0),
@@ -90,7 +93,7 @@ class CudaDevice(Device):
         self.worker = pool.worker
         self.name = pool.name
         w = self.worker
-        self._info = device_info(self.name, w.device_name, w.attrs, w.total_memory)
+        self._info = device_info(self.name, w.device_name, w.attrs, w.total_memory, allow_tf32)
         cc = self._info.compute_capability or (0, 0)
         self.arch = f"sm_{cc[0]}{cc[1]}"
         self._lock = threading.Lock()
