@@ -551,3 +551,37 @@ def test_idle_streams_give_back_their_fiber_stacks():
     while _guard_pages() > before + 64 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert _guard_pages() <= before + 64
+
+
+def test_compile_many_runs_nvrtc_in_parallel_and_equals_compile(monkeypatch):
+    """A plan's kernels compile concurrently (NVRTC in threads, then the emulator builds their modules in
+    parallel) and come out as the very programs ``compile`` gives."""
+    if "cuda:0" not in zyx.registry().placements():
+        pytest.skip("the emulated GPU is off (ZYX_CUDA_EMULATE=0)")
+    from conftest import kernels_of
+
+    dev = zyx.registry().get("cuda:0").primary
+    x = zyx.Tensor(np.arange(37 * 53, dtype=np.float32).reshape(37, 53))
+    kernels = [kernels_of(t)[0] for t in (x.sum(0) * 3, (x - 2).max(1), (x * x + 5).abs())]
+    live, most, lock = [0], [0], threading.Lock()
+    compile_cubin = nvrtc.compile_cubin
+
+    def slow(source, name, arch):
+        with lock:
+            live[0] += 1
+            most[0] = max(most[0], live[0])
+        time.sleep(0.2)
+        try:
+            return compile_cubin(source, name, arch)
+        finally:
+            with lock:
+                live[0] -= 1
+
+    monkeypatch.setattr(nvrtc, "compile_cubin", slow)
+    with dev._lock:  # forget them, as a new process would
+        for src in [s for s, pid in dev._by_source.items() if dev._names.get(pid, "").startswith(
+                tuple(k.name for k in kernels))]:
+            dev._by_source.pop(src)
+    pids = dev.compile_many(kernels)
+    assert most[0] >= 2 and len(set(pids)) == 3
+    assert [dev.compile(k) for k in kernels] == pids

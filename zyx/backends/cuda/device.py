@@ -15,9 +15,11 @@ Invariants:
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from zyx import dtypes, utils
@@ -140,6 +142,40 @@ class CudaDevice(Device):
             self._nvrtc_or_raise(kernel)
             params = autotune.tuned_params(self, kernel)
         return self.compile_candidate(kernel, params)[0]
+
+    def compile_many(self, kernels: Sequence[Any]) -> list[ProgramId]:
+        """Programs of ``kernels`` (as ``compile``, in order); first the NVRTC runs of the kernels this device has
+        not loaded run in parallel threads, and the driver prepares their modules (the emulator builds them in
+        parallel). Errors are left to ``compile``, which raises them for their kernel."""
+        if len(kernels) > 1 and not autotune.active():
+            self._prebuild(kernels)
+        return [self.compile(k) for k in kernels]
+
+    def _prebuild(self, kernels: Sequence[Any]) -> None:
+        gpu, renderer, nvrtc = self._codegen()
+        if nvrtc.available() is not None:
+            return
+        todo: dict[str, str] = {}
+        for k in kernels:
+            try:
+                src = renderer.render(gpu.optimize(k, self._info, None))
+            except Exception:  # noqa: BLE001 - compile() raises it, for this kernel
+                continue
+            with self._lock:
+                if src.source not in self._by_source:
+                    todo[src.source] = src.name
+        if len(todo) < 2:
+            return
+
+        def build(item: tuple[str, str]) -> bytes | None:
+            try:
+                return nvrtc.compile_cubin(item[0], item[1], self.arch)
+            except Exception:  # noqa: BLE001 - compile() raises it, for this kernel
+                return None
+
+        with ThreadPoolExecutor(min(len(todo), os.cpu_count() or 1)) as pool:
+            cubins = [c for c in pool.map(build, todo.items()) if c is not None]
+        self.worker.drv.prepare_modules(cubins)
 
     def _nvrtc_or_raise(self, kernel: Any) -> Any:
         gpu, renderer, nvrtc = self._codegen()

@@ -275,6 +275,13 @@ class Driver:
               "cuMemcpyPeerAsync")
 
     # ---- modules and launches --------------------------------------------------------------------------------
+    def prepare_modules(self, images: list[bytes]) -> None:
+        """Get ready to load ``images`` (any thread, no CUDA call): the emulated driver builds their modules in
+        parallel; the real driver has nothing to do."""
+        hook = getattr(self.cu, "zyx_prepare_modules", None)
+        if hook is not None:
+            hook(images)
+
     def module_load(self, image: bytes) -> int:
         return int(self._check(self.cu.cuModuleLoadData(image), ErrorStatus.COMPILATION, "cuModuleLoadData"))
 

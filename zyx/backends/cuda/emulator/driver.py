@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import os
 import struct
 import threading
 from dataclasses import dataclass, field
@@ -542,6 +543,28 @@ class EmulatedDriver:
         return self._copy("cuMemcpyPeerAsync", dst, "device", src, "device", nbytes, stream)
 
     # ---- modules and launches --------------------------------------------------------------------------------------
+    def zyx_prepare_modules(self, images: list[bytes]) -> None:
+        """Not a CUDA call (``Driver.prepare_modules`` looks for it): build the emulated modules of ``images``
+        concurrently, ahead of their ``cuModuleLoadData``, which then finds them built. Errors are left for that
+        load to report."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from zyx.backends.cuda import nvrtc
+        from zyx.backends.cuda.emulator import kernels
+
+        sources = list(dict.fromkeys(s for s in map(nvrtc.source_of, images) if s is not None))
+        if not self.config.run_kernels or len(sources) < 2:
+            return
+
+        def build(source: str) -> None:
+            try:
+                kernels.compile_module(source)
+            except kernels.EmulatorCompileError:
+                pass
+
+        with ThreadPoolExecutor(min(len(sources), os.cpu_count() or 1)) as pool:
+            list(pool.map(build, sources))
+
     def cuModuleLoadData(self, image: Any) -> tuple:
         from zyx.backends.cuda import nvrtc
         from zyx.backends.cuda.emulator import kernels
