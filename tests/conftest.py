@@ -69,6 +69,7 @@ def passes_off(*names: str):
     from zyx.graph import schedule
     from zyx.kernel import opt
 
+    assert set(names) <= opt.PASS_NAMES, f"unknown pass names {set(names) - opt.PASS_NAMES}"
     old = set(opt.DISABLED)
     opt.DISABLED.update(names)
     schedule.clear_cache()

@@ -122,6 +122,20 @@ def col_sum(args) -> Row:
 
 
 @case
+def transpose(args) -> Row:
+    """A copy into the transposed layout (what ``.T.contiguous()``, permutes and matmul-gradient layouts cost)."""
+    x, X = _square(args)
+    row = Row(f"transpose {x.shape[0]}x{x.shape[1]} f32 (.T.contiguous())",
+              median_ms(lambda: X.T.contiguous().realize(), args.repeats))
+    row.refs["numpy"] = median_ms(lambda: np.ascontiguousarray(x.T), args.repeats)
+    torch = _torch()
+    if torch is not None:
+        t = torch.from_numpy(x)
+        row.refs["torch"] = median_ms(lambda: t.T.contiguous(), args.repeats)
+    return row
+
+
+@case
 def cumsum(args) -> Row:
     n = 1 << args.scale  # 2^20 at the default scale (about the issue's 1,000,000)
     x = np.random.default_rng(0).random((1, n), dtype=np.float32)

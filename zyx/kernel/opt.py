@@ -4,6 +4,8 @@
 - ``merge_loops``: adjacent output loops merge when every index stays affine in the merged range
   (no ``//`` or ``%`` of it survives simplification), so contiguous work runs as one long loop.
 - ``split_divmod_loops``: an output loop indexed through ``r // c`` and ``r % c`` splits into two loops.
+- ``tile_transpose``: a kernel whose contiguous stores read a load across lines (transpose, permute) runs in
+  square blocks of the two loops, so the lines it reads stay cached; disabled by name ``"transpose"``.
 - ``parallelize`` / ``vectorize``: mark the outer loop(s) parallel and the innermost loop vectorizable,
   from the work size and the device's compute units.
 - ``widen_accumulators``: long float32 sums accumulate in float64 on targets where that is cheap.
@@ -126,6 +128,55 @@ def split_divmod_loops(k: Kernel) -> Kernel:
         if done:
             break
     return k
+
+
+TRANSPOSE_TILES = (64, 32, 16, 8)  # tile edges (elements) tried for a transposing kernel, the first that divides
+TRANSPOSE_MIN_STRIDE = 16  # a load this many elements apart between neighbouring outputs misses a line each time
+
+
+def _transpose_axes(k: Kernel) -> tuple[Expr, Expr] | None:
+    """(i, j) of a transposing kernel: its innermost output loop ``j`` stores contiguously while some load walks
+    ``j`` at least ``TRANSPOSE_MIN_STRIDE`` elements apart and another output loop ``i`` contiguously (a
+    transpose, a permute that moves the last axis). None for kernels with reduces or scans, a param that is both
+    read and written, or no such load."""
+    if len(k.loops) < 2 or k.reduces() or k.scan_ranges() or k.split_reduce:
+        return None
+    j = k.loops[-1]
+    if any(ir.affine_coefficient(st.index, j) != 1 for st in k.stores):
+        return None
+    loads = [e for e in ir.toposort(_all_roots(k)) if e.op is Ops.LOAD]
+    if {e.arg for e in loads} & {st.param for st in k.stores}:
+        return None
+    for e in loads:
+        cj = ir.affine_coefficient(e.srcs[0], j)
+        if cj is None or abs(cj) < TRANSPOSE_MIN_STRIDE:
+            continue
+        for i in k.loops[:-1]:
+            if ir.affine_coefficient(e.srcs[0], i) == 1:
+                return i, j
+    return None
+
+
+def tile_transpose(k: Kernel, tile: int | None = None) -> Kernel:
+    """Run a transposing kernel (``_transpose_axes``) in ``T x T`` blocks of its loops ``i`` and ``j``: loops
+    ``(..., i_o, j_o, i_t, j_t)`` with ``i = i_o * T + i_t``, ``j = j_o * T + j_t``, the other output loops outside in
+    their order. Within a block the strided load touches ``T`` lines that stay cached while ``j`` walks them,
+    instead of a new line (and page) per output. ``T``: ``tile`` (0 = off), else the first of ``TRANSPOSE_TILES``
+    that divides both loops. Every output element is still computed once from the same values (no reduce, no
+    param read and written): bit-identical results, another order."""
+    axes = _transpose_axes(k)
+    if axes is None or tile == 0:
+        return k
+    i, j = axes
+    cands = (tile,) if tile else TRANSPOSE_TILES
+    t = next((c for c in cands if i.arg[1] % c == 0 and j.arg[1] % c == 0 and i.arg[1] > c and j.arg[1] > c), None)
+    if t is None:
+        return k
+    nid = max(x.arg[0] for x in _every_range(k)) + 1
+    io, jo = ir.range_(nid, i.arg[1] // t), ir.range_(nid + 1, j.arg[1] // t)
+    it, jt = ir.range_(nid + 2, t), ir.range_(nid + 3, t)
+    loops = tuple(r for r in k.loops if r is not i and r is not j) + (io, jo, it, jt)
+    return _substitute_kernel(k, {i: io * t + it, j: jo * t + jt}, loops)
 
 
 def _every_range(k: Kernel) -> list[Expr]:
@@ -553,8 +604,9 @@ def tile_gemm(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Kern
     return replace(k, parallel=0, vector=False, meta={**k.meta, "gemm": GemmTile(c, mr, nr, nc, kc, partial, direct)})
 
 
-DISABLED: set[str] = set()  # names of optional host passes switched off (tests compare outputs with and without):
-# "gemm", "column_block", "block_vector_reduce", "stash_row_values", "split_divmod_loops", "unroll_reduce"
+PASS_NAMES = frozenset({"gemm", "column_block", "block_vector_reduce", "stash_row_values", "split_divmod_loops",
+                        "unroll_reduce", "transpose"})  # the optional host passes, by the names DISABLED takes
+DISABLED: set[str] = set()  # names of optional host passes switched off (tests compare outputs with and without)
 
 
 Params = Mapping[str, int]
@@ -569,6 +621,8 @@ def search_space(k: Kernel, info: DeviceInfo) -> dict[str, tuple[int, ...]]:
     space = {"interchange_tile": INTERCHANGE_TILES, "column_block": COLUMN_BLOCKS,
              "row_block": (4, 8, 16), "vector_tile": (32, 64, 128), "collapse": (1, 2), "stash": (0, 1),
              "reduce_lanes": (REDUCE_LANES, 1, 16, 32, 128)}
+    if "transpose" not in DISABLED and _transpose_axes(merge_loops(drop_unit_loops(k))) is not None:
+        space["transpose_tile"] = (*TRANSPOSE_TILES, 128, 0)
     if "gemm" not in DISABLED:
         space.update(gemm_search_space(k, info))
     return space
@@ -593,6 +647,8 @@ def optimize(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Kerne
             if "gemm" in tiled.meta:
                 parts.append(tiled)
                 continue
+        if "transpose" not in DISABLED:
+            part = tile_transpose(part, p.get("transpose_tile"))
         part = interchange_reduce(part, units, column_blocks="column_block" not in DISABLED,
                                   tile=p.get("interchange_tile"), column_block=p.get("column_block"))
         part = parallelize(part, info, p.get("collapse"))
