@@ -146,6 +146,16 @@ def _schedule_note(*tensors: zyx.Tensor) -> str:
     return (f"library {', '.join(lib)}" if lib else "no library node") + f" + {gen} generated"
 
 
+def _mma_note(*tensors: zyx.Tensor) -> str:
+    """The block tile and shared stages of the generated ``mma`` kernel(s), read from the rendered source."""
+    import re
+
+    shapes = re.compile(r"unsigned int zsa\[(\d+)\]\[(\d+)\]\[\d+\];\s*__shared__ __align__\(16\) "
+                        r"unsigned int zsb\[\d+\]\[(\d+)\]")
+    found = [m.groups() for src in zyx.debug.kernel_source(*tensors) for m in shapes.finditer(src)]
+    return ", ".join(f"mma {bm}x{bn} tile, {st} stage(s)" for st, bm, bn in found) or "no mma kernel"
+
+
 def _random(shape: tuple[int, ...], dtype: str, seed: int = 0) -> np.ndarray:
     x = np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
     if dtype == "bfloat16":
@@ -305,6 +315,7 @@ def case_matmul_generated(env: Env, dtype: str = "float16", n: int = 4096) -> Ro
     schedule.clear_cache()
     try:
         row.note = ("" if env.is_cuda else "(not cuda: the host's BLAS stays on) ") + _schedule_note(a @ b)
+        row.note += f" ({_mma_note(a @ b)})"
         row.zyx = flops / median_s(lambda: (a @ b).realize(), env.sync, reps) / 1e12
         z = (a @ b).numpy().astype(np.float32)
     finally:

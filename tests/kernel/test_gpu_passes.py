@@ -273,10 +273,17 @@ def test_mma_kernel_stages_its_tiles_in_shared_memory():
     assert g.items == -(-256 // g.tile.bm) * -(-256 // g.tile.bn)
     src = CUDARenderer().render(ko).source
     t = g.tile
-    assert f"__shared__ __align__(16) unsigned int zsa[{t.bm}][{t.bk // 2 + 4}];" in src  # a: k contiguous
-    assert f"__shared__ __align__(16) unsigned int zsb[{t.bn}][{t.bk // 2 + 1}];" in src  # b: n contiguous
+    assert g.stages == 2 and g.tile.shared_bytes_of(dtypes.float16, 2) <= INFO.local_memory_bytes
+    # two buffers per operand, rows of bk/2 k-pairs + 4 words of pad; b (n contiguous) is swizzled
+    assert f"__shared__ __align__(16) unsigned int zsa[2][{t.bm}][{t.bk // 2 + 4}];" in src
+    assert f"__shared__ __align__(16) unsigned int zsb[2][{t.bn}][{t.bk // 2 + 4}];" in src
+    assert "zsb[zbf ^ 1][8 * zu + 0][(zv) ^ (" in src and f" << 3)) & {t.bk // 2 - 1})] = " in src
+    # a prologue barrier and one per k step
     assert src.count("__syncthreads();") == 2 and "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in src
-    assert "za[zi][0] = zsa[" in src and "zb[zj][0] = zsb[" in src  # fragments come from shared memory
+    # fragments from shared memory: a (k-first) by ldmatrix on sm_80+ (its emulation reads the same words), b
+    # (swizzled) by words
+    assert g.ldmatrix and "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in src and "(unsigned long long)&zsa[zbf][" in src
+    assert "zb[zj][0] = zsb[zbf][" in src
     assert "*(uint4*)&zsa[" in src and "= *(const uint4*)(p" in src  # 16-byte loads: 256 is a multiple of 8
     # every tiling in the search space is legal for the device, and the heuristic's is listed first
     space = gpu.search_space(k, INFO)["mma_tile"]

@@ -149,7 +149,9 @@ def test_float32_matmul_uses_tf32_mma_only_when_allowed():
     assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in src and "m16n8k16" not in src
     assert 'cvt.rna.tf32.f32' in src and src.count("__syncthreads();") == 2
     # one tf32 value per 32-bit word: rows of bk words (+ pad), twice the 16-bit tiles' k-pairs
-    assert f"unsigned int zsa[{t.bm}][{t.bk + 4}];" in src and f"unsigned int zsb[{t.bn}][{t.bk + 1}];" in src
+    st = g.stages
+    assert f"unsigned int zsa[{st}][{t.bm}][{t.bk + 4}];" in src
+    assert f"unsigned int zsb[{st}][{t.bn}][{t.bk + 4}];" in src
     assert "*(uint4*)&zsa[" in src and "= *(const uint4*)(p" in src  # 16-byte loads of 4 floats: 256 % 4 == 0
     space = gpu.search_space(k, TF32)["mma_tile"]
     assert space[0] == gpu.MMA_TILES.index(t) and sorted(space) == list(gpu.mma_tiles(TF32, f32))

@@ -40,11 +40,16 @@ Strategies (every kernel gets one; each is correct for every kernel it is chosen
             ``BM/WM x BN/WN`` sub-tile of 16x8 ``mma.sync.m16n8k16`` tiles (f32 accumulators in registers). The
             block steps k by ``BK``: its threads evaluate the ``BM x BK`` tile of ``a`` and the ``BK x BN`` tile of
             ``b`` (any expression of the ranges, zero outside the bounds; two adjacent k per 32-bit word) into
-            ``__shared__`` arrays ``[BM][BK/2 + pad]`` / ``[BN][BK/2 + pad]`` (k-pairs innermost: a fragment
-            register is one word; ``MmaTile.row_words``), adjacent threads along the operand's contiguous axis
-            (``mma_fill_order``), with 16-byte loads of 8 elements where provably aligned and in or out of bounds
-            as a whole (``mma_vector_fill``), ``__syncthreads``, build their fragments from shared memory and issue
-            the mma's, ``__syncthreads`` again. The epilogue (the output
+            ``__shared__`` arrays ``[S][BM][BK/2 + 4]`` / ``[S][BN][BK/2 + 4]`` (k-pairs innermost: a fragment
+            register is one word; ``MmaTile.row_words``; the word columns of a tile filled row-first are
+            XOR-swizzled by row, ``mma_swizzle``, so fragment reads and fills spread over the banks), adjacent
+            threads along the operand's contiguous axis (``mma_fill_order``), with 16-byte loads of 8 elements
+            where provably aligned and in or out of bounds as a whole (``mma_vector_fill``). With ``S = 1`` stage
+            a k step fills, ``__syncthreads``, builds fragments from shared memory and issues the mma's,
+            ``__syncthreads`` again. With ``S = 2`` (software pipelining, ``Geometry.stages``) the block fills
+            buffer 0 before the k loop; step ``s`` issues step ``s + 1``'s global loads into registers, computes
+            on buffer ``s % 2``, stores the registers into the other buffer and meets one ``__syncthreads``; the
+            math and its order are the same. The epilogue (the output
             block's statements and stores) runs per accumulator element inside the bounds. Chosen before every
             other strategy when it applies. A float32 contraction takes this layout only when the device allows
             TF32 (``DeviceInfo.allow_tf32``, sm_80+): the fill rounds each operand to tf32 (``cvt.rna``) into one
@@ -66,8 +71,11 @@ always when there is a reduce; ``thread`` and ``columns`` when every top-level r
 ``mma`` for a contraction on tensor cores — and the sizes ``threads`` (``THREADS_PER_BLOCK``),
 ``elems_per_thread`` (``ELEMS_PER_THREAD``), ``warps_per_block`` (``WARP_GROUPS_PER_BLOCK``), ``mma_tile``
 (an index into ``MMA_TILES``: block tile, k step and warp grid; only those whose shared arrays fit
-``info.local_memory_bytes`` and whose block fits the thread limit) and ``vector`` (1 / 0: vector accesses of the
-``thread`` layout on / off; listed only when some access can be proven aligned). No parameter changes what a
+``info.local_memory_bytes`` and whose block fits the thread limit), ``mma_stages`` (``MMA_STAGES``: 2 double
+buffers the tiles; 2 is listed only when some tile fits twice, and the heuristic takes it when its tile does),
+``mma_ldmatrix`` (1 / 0: 16-bit fragments of k-first tiles by ``ldmatrix``; listed where it applies) and
+``vector`` (1 / 0: vector accesses of the ``thread`` layout on / off; listed only when some access can be
+proven aligned). No parameter changes what a
 kernel computes (up to the order of a reduce's terms).
 
 Invariants:
@@ -151,22 +159,40 @@ class MmaTile:
         """8-column mma tiles per warp along n."""
         return self.bn // (MMA_N * self.wn)
 
-    def row_words(self, k_first: bool, pack: int = 2) -> int:
+    def row_words(self, k_first: bool = True, pack: int = 2) -> int:
         """32-bit words per row of a shared tile: ``bk / pack`` words (``mma_pack``: k-pairs of 16-bit operands,
-        single tf32 values) and a pad (bank spreading) of 4 when the fill walks k fastest (rows stay 16-byte
-        aligned for vector stores), else 1 (a fill walking the rows)."""
-        return self.bk // pack + (4 if k_first else 1)
+        single tf32 values) and a pad of 4, for either fill order (``k_first`` is kept for callers; rows stay
+        16-byte aligned for vector stores). ``bk / pack`` is a multiple of 8, so a row is 4 words mod 8: the 8 rows
+        x 4 words of one fragment read fall in 32 distinct banks (``mma_swizzle`` keeps that for row-first
+        tiles)."""
+        return self.bk // pack + 4
 
-    def shared_bytes_of(self, dtype: dtypes.DType) -> int:
-        """Bytes of both shared tiles for ``dtype`` operands; an upper bound: the wider pad."""
-        return 4 * self.row_words(True, mma_pack(dtype)) * (self.bm + self.bn)
+    def shared_bytes_of(self, dtype: dtypes.DType, stages: int = 1) -> int:
+        """Bytes of both shared tiles for ``dtype`` operands, ``stages`` buffers of each (``MMA_STAGES``)."""
+        return 4 * self.row_words(True, mma_pack(dtype)) * (self.bm + self.bn) * stages
 
     @property
     def shared_bytes(self) -> int:
-        """``shared_bytes_of`` 16-bit operands."""
+        """``shared_bytes_of`` 16-bit operands, one stage."""
         return self.shared_bytes_of(dtypes.float16)
 
 
+def mma_swizzle(k_first: bool, words: int) -> int:
+    """The XOR mask of a shared tile's word columns (0: none). A tile filled row-first (not ``k_first``) with
+    ``words`` (a power of two) words of k per row keeps word ``(row, p)`` at column ``p ^ swizzle(row >> 3) &
+    mask`` (``mma_swizzled``), a k-first one (16-byte stores of 4 words) at ``p``. The XOR is uniform over the 8
+    rows of a fragment read (which stay in 32 banks: rows are 4 words mod 8) and spreads a row-first fill's
+    stores: 32 rows at one k (scalar fill) or rows ``8u + i`` of several ``u`` (the interleaved vector fill)."""
+    return 0 if k_first else words - 1
+
+
+def mma_swizzled(group: int, mask: int) -> int:
+    """The XOR of the word columns of rows ``8 group .. 8 group + 7`` of a swizzled tile: ``g ^ 2g ^ 8g``
+    masked, a bijection of ``group``'s low bits (triangular over GF(2)); the renderer emits this expression."""
+    return (group ^ (group << 1) ^ (group << 3)) & mask
+
+
+MMA_STAGES = (2, 1)  # shared buffers per operand: 2 overlaps the next k step's global loads with the mma's
 # the ``mma_tile`` parameter's values index this tuple; the heuristic takes the first that gives every SM a block
 MMA_TILES = (MmaTile(128, 128, 32, 2, 4), MmaTile(128, 64, 32, 2, 2), MmaTile(64, 64, 32, 2, 2),
              MmaTile(64, 32, 32, 2, 1), MmaTile(32, 32, 32, 1, 1), MmaTile(32, 16, 16, 1, 1))
@@ -201,6 +227,8 @@ class Geometry:
     block: tuple[int, int, int]
     contraction: Contraction | None = None  # for "mma": the matched reduce
     tile: MmaTile | None = None  # for "mma": the block / warp tiling
+    stages: int = 1  # for "mma": shared buffers per operand (``MMA_STAGES``; 2: software pipelined)
+    ldmatrix: bool = False  # for "mma": 16-bit fragments of unswizzled (k-first) tiles by ldmatrix on sm_80+
     vector: int = 1  # for "thread": consecutive outputs per thread along the innermost loop (``plan_vector``)
     vector_loads: frozenset[Expr] = frozenset()  # loads read as 16-byte (or narrower) vectors when ``vector > 1``
     vector_stores: frozenset[int] = frozenset()  # indices into ``kernel.stores`` written as vectors
@@ -568,28 +596,40 @@ def _tf32(info: DeviceInfo) -> bool:
     return info.allow_tf32 and info.tensor_cores and (info.compute_capability or (0, 0)) >= (8, 0)
 
 
-def mma_tiles(info: DeviceInfo, dtype: dtypes.DType = dtypes.float16) -> tuple[int, ...]:
-    """Indices into ``MMA_TILES`` of the tilings that fit ``info`` (shared memory for ``dtype`` operands, threads
-    per block)."""
+def mma_tiles(info: DeviceInfo, dtype: dtypes.DType = dtypes.float16, stages: int = 1) -> tuple[int, ...]:
+    """Indices into ``MMA_TILES`` of the tilings that fit ``info`` (shared memory for ``stages`` buffers of
+    ``dtype`` operands, threads per block)."""
     limit = max(info.max_local_threads, WARP)
     shared = info.local_memory_bytes or 48 * 1024
     return tuple(i for i, t in enumerate(MMA_TILES)
-                 if t.warps * WARP <= limit and t.shared_bytes_of(dtype) <= shared)
+                 if t.warps * WARP <= limit and t.shared_bytes_of(dtype, stages) <= shared)
 
 
-def _mma_geometry(k: Kernel, info: DeviceInfo, tile: int | None = None) -> Geometry | None:
+def mma_ldmatrix_applies(c: Contraction) -> bool:
+    """Whether ``ldmatrix`` can load some fragment of ``c``: 16-bit operands (``.b16``) and a tile filled k-first
+    (unswizzled: ``ldmatrix`` reads each row's 4 words of k-pairs in order, 16-byte aligned)."""
+    return c.dtype is not dtypes.float32 and any(mma_fill_order(c))
+
+
+def _mma_geometry(k: Kernel, info: DeviceInfo, tile: int | None = None, stages: int | None = None,
+                  ldmatrix: int | None = None) -> Geometry | None:
     """Tensor cores for a 16-bit contraction (sm_80+: ``mma.sync.m16n8k16``), or a float32 one when
     ``info.allow_tf32`` (``m16n8k8`` on tf32-rounded operands), one block per ``MmaTile`` of the output, when the
-    contraction is at least one mma tile in each dimension. ``tile`` indexes ``MMA_TILES`` (one that does not fit
-    ``info``: the heuristic's); the heuristic takes the largest tiling that gives every SM a block, else the one
-    with the most blocks."""
+    contraction is at least one mma tile in each dimension. ``tile`` indexes ``MMA_TILES`` and ``stages`` is one
+    of ``MMA_STAGES``; a tile that does not fit ``info`` with those stages is replaced by the heuristic's among
+    those that do, and stages that no tile fits (or not in ``MMA_STAGES``) by the heuristic's; ``ldmatrix`` 0
+    turns ``ldmatrix`` fragment loads off (on by default where ``mma_ldmatrix_applies``). The heuristic
+    takes the largest tiling (single-buffered) that gives every SM a block, else the one with the most blocks,
+    then 2 stages when that tile fits them, else 1."""
     cap = info.compute_capability or (0, 0)
     if not info.tensor_cores or cap < (8, 0):
         return None
     c = find_contraction(k, _tf32(info))
     if c is None or c.m.arg[1] < MMA_M or c.n.arg[1] < MMA_N or c.k.arg[1] < mma_k(c.dtype):
         return None
-    fits = mma_tiles(info, c.dtype)
+    if stages not in MMA_STAGES or not mma_tiles(info, c.dtype, stages):
+        stages = None
+    fits = mma_tiles(info, c.dtype, stages or 1)
     if not fits:
         return None
     batch = math.prod(r.arg[1] for r in k.loops if r is not c.m and r is not c.n)
@@ -600,10 +640,13 @@ def _mma_geometry(k: Kernel, info: DeviceInfo, tile: int | None = None) -> Geome
     if tile not in fits:
         full = [i for i in fits if blocks(MMA_TILES[i]) >= max(info.compute_units, 1)]
         tile = full[0] if full else max(fits, key=lambda i: (blocks(MMA_TILES[i]), -i))
+    if stages is None:
+        stages = next(s for s in MMA_STAGES if tile in mma_tiles(info, c.dtype, s))
     t = MMA_TILES[tile]
     items = blocks(t)
     n = len(k.loops)
-    return Geometry("mma", n, n, items, WARP, t.warps, _grid(items, 1, info), (WARP, t.warps, 1), c, t)
+    return Geometry("mma", n, n, items, WARP, t.warps, _grid(items, 1, info), (WARP, t.warps, 1), c, t,
+                    stages=stages, ldmatrix=ldmatrix != 0 and mma_ldmatrix_applies(c))
 
 
 def mma_fill_order(c: Contraction) -> tuple[bool, bool]:
@@ -666,7 +709,7 @@ def _choices(k: Kernel, info: DeviceInfo, root: Block, params: Params) -> tuple[
     if not depths:
         return "thread", {"thread": _thread_geometry(k, info, threads, params.get("vector"))}
     legal: dict[str, Geometry] = {}
-    mma = _mma_geometry(k, info, params.get("mma_tile"))
+    mma = _mma_geometry(k, info, params.get("mma_tile"), params.get("mma_stages"), params.get("mma_ldmatrix"))
     if mma is not None:
         legal["mma"] = mma
     legal["group"] = _group_geometry(root, s, info, elems, params.get("warps_per_block", WARP_GROUPS_PER_BLOCK))
@@ -892,6 +935,10 @@ def search_space(k: Kernel, info: DeviceInfo) -> dict[str, tuple[int, ...]]:
         first = MMA_TILES.index(legal["mma"].tile)
         dtype = legal["mma"].contraction.dtype  # type: ignore[union-attr]
         p["mma_tile"] = (first,) + tuple(i for i in mma_tiles(info, dtype) if i != first)
+        stages = legal["mma"].stages
+        p["mma_stages"] = (stages,) + tuple(s for s in MMA_STAGES if s != stages and mma_tiles(info, dtype, s))
+        if legal["mma"].ldmatrix:
+            p["mma_ldmatrix"] = (1, 0)
     return p
 
 
@@ -905,7 +952,8 @@ def geometry(k: Kernel) -> Geometry:
 
 __all__ = ["Contraction", "Geometry", "META_KEY", "MMA_TILES", "MmaTile", "access_sectors", "coalesced_across",
            "find_contraction", "flatten_count", "geometry", "lane_strides", "mma_fill_order", "mma_k", "mma_pack",
-           "mma_tiles", "mma_vector", "mma_vector_fill",
+           "MMA_STAGES", "mma_ldmatrix_applies", "mma_swizzle", "mma_swizzled", "mma_tiles", "mma_vector",
+           "mma_vector_fill",
            "optimize", "order_output_loops", "order_reduce_ranges", "output_blocks", "output_loops", "plan",
            "plan_vector", "vector_piece", "contiguous_aligned",
            "reduce_chain", "reduce_depths", "reduce_loads", "reference_info", "search_space", "serial_lengths",

@@ -367,8 +367,9 @@ class _Writer:
 
     def mma_frame(self, root: Block) -> None:
         """One block of ``wm x wn`` warps per ``bm x bn`` output tile (``gpu.MmaTile``), stepping k by ``bk``: the
-        block's threads fill ``zsa[bm][bk/2 + 4]`` (word ``[m][p]`` holds ``a(m, 2p)``, ``a(m, 2p + 1)``) and
-        ``zsb[bn][bk/2 + 4]`` (``b(2p, n)``, ``b(2p + 1, n)``), zero outside the bounds, then each warp reads its
+        block's threads fill ``zsa[S][bm][bk/2 + 4]`` (word ``[m][p]`` holds ``a(m, 2p)``, ``a(m, 2p + 1)``) and
+        ``zsb[S][bn][bk/2 + 4]`` (``b(2p, n)``, ``b(2p + 1, n)``), zero outside the bounds (a row-first tile keeps
+        word ``p`` of row ``i`` at column ``p ^ gpu.mma_swizzled(i >> 3, mask)``), then each warp reads its
         fragments from them in the PTX ``m16n8k16`` layout: lane ``zl`` holds A words (rows ``zr``, ``zr + 8``;
         k-pairs ``zt``, ``zt + 4``), B words (k-pairs as A's, column ``zr``) and accumulators (rows ``zr``,
         ``zr + 8``; columns ``2 zt``, ``2 zt + 1``). A float32 contraction (tf32, ``m16n8k8``) keeps one tf32 value
@@ -377,7 +378,13 @@ class _Writer:
         column ``zr``), so the fragment loads are shared. On the device ``mma.sync`` multiplies the fragments; elsewhere
         (``__CUDA_ARCH__`` undefined or below 800) the lanes exchange the same fragment registers with
         ``__shfl_sync`` and compute the same products. Every thread reaches every ``__syncthreads`` (the loops
-        over block tiles and k steps are uniform)."""
+        over block tiles and k steps are uniform). ``S = g.stages``: with 1 a step loads into registers and
+        stores them into buffer 0, barrier, mma's, barrier; with 2 the prologue fills buffer 0 and a barrier,
+        then step ``zk`` (buffer ``zbf``) loads step ``zk + bk``'s registers, runs the mma's on ``zbf``, stores
+        into ``zbf ^ 1`` (last read in the previous step, before its barrier) and meets its one barrier, which
+        also orders this tile's last reads before the next tile's prologue. With ``g.ldmatrix`` the 16-bit
+        fragments of an unswizzled (k-first) tile come from ``ldmatrix`` (``x4`` for A, ``x2`` for B), the same
+        words as the word reads, exactly emulated off the GPU."""
         g, c, t = self.g, self.g.contraction, self.g.tile
         assert c is not None and t is not None
         blocks = gpu.output_blocks(root)
@@ -389,11 +396,14 @@ class _Writer:
         tm, tn, kw = t.tiles_m, t.tiles_n, t.bk // pack
         wtm, wtn = t.bm // t.wm, t.bn // t.wn
         threads = t.warps * gpu.WARP
+        stages = g.stages
         it = index_type(g.items + g.grid[0])
         a_k, b_k = gpu.mma_fill_order(c)
         a_v, b_v = gpu.mma_vector_fill(c)
-        self.shared.append(f"  __shared__ __align__(16) unsigned int zsa[{t.bm}][{t.row_words(a_k, pack)}];")
-        self.shared.append(f"  __shared__ __align__(16) unsigned int zsb[{t.bn}][{t.row_words(b_k, pack)}];")
+        a_s, b_s = gpu.mma_swizzle(a_k, kw), gpu.mma_swizzle(b_k, kw)
+        rw = t.row_words(True, pack)
+        self.shared.append(f"  __shared__ __align__(16) unsigned int zsa[{stages}][{t.bm}][{rw}];")
+        self.shared.append(f"  __shared__ __align__(16) unsigned int zsb[{stages}][{t.bn}][{rw}];")
         self.emit("  ", "const int zl = threadIdx.x, zw = threadIdx.y, zr = zl >> 2, zt = zl & 3;")
         self.emit("  ", f"const int zid = zw * {gpu.WARP} + zl, zwm = zw / {t.wn}, zwn = zw % {t.wn};")
         self.emit("  ", f"for ({it} zg = ({it})blockIdx.x; zg < {g.items}; zg += ({it})gridDim.x) {{")
@@ -406,26 +416,66 @@ class _Writer:
         self.emit(ind, f"float zc[{tm}][{tn}][4];")
         self.emit(ind, f"for (int zi = 0; zi < {tm}; zi++) for (int zj = 0; zj < {tn}; zj++) "
                        "for (int zq = 0; zq < 4; zq++) zc[zi][zj][zq] = 0.0f;")
-        self.emit(ind, f"for (int zk = 0; zk < {size_k}; zk += {t.bk}) {{")
-        i2 = ind + "  "
         fill = self.fill_tile if pack == 2 else self.fill_tile_tf32
-        fill(c.a, "zsa", c.m, "zbm", size_m, t.bm, a_k, a_v, c.k, size_k, kw, threads, i2)
-        fill(c.b, "zsb", c.n, "zbn", size_n, t.bn, b_k, b_v, c.k, size_k, kw, threads, i2)
-        self.emit(i2, "__syncthreads();")
+        ops = ((c.a, "zsa", "zra", c.m, "zbm", size_m, t.bm, a_k, a_v, a_s),
+               (c.b, "zsb", "zrb", c.n, "zbn", size_n, t.bn, b_k, b_v, b_s))
+
+        def fill_all(kb: str, ind: str) -> None:
+            for u, _, reg, r, base, size, rows, kf, vec, _ in ops:
+                fill(u, reg, r, base, size, rows, kf, vec, c.k, kb, size_k, kw, threads, ind, None)
+
+        def store_all(buf: str, ind: str) -> None:
+            for u, arr, reg, r, base, size, rows, kf, vec, swz in ops:
+                fill(u, reg, r, base, size, rows, kf, vec, c.k, "", size_k, kw, threads, ind, (arr, buf, swz))
+
+        if stages == 2:  # prologue: step 0 into buffer 0
+            self.emit(ind, "{")
+            self.declare_regs(ops, pack, kw, threads, ind + "  ")
+            fill_all("0", ind + "  ")
+            store_all("0", ind + "  ")
+            self.emit(ind, "}")
+            self.emit(ind, "__syncthreads();")
+            self.emit(ind, f"for (int zk = 0, zbf = 0; zk < {size_k}; zk += {t.bk}, zbf ^= 1) {{")
+        else:
+            self.emit(ind, f"for (int zk = 0, zbf = 0; zk < {size_k}; zk += {t.bk}) {{")
+        i2 = ind + "  "
+        if stages == 2:  # the next step's global loads, in flight during this step's mma's
+            self.emit(i2, f"const bool zpf = zk + {t.bk} < {size_k};")
+            self.declare_regs(ops, pack, kw, threads, i2)
+            self.emit(i2, "if (zpf) {")
+            fill_all(f"zk + {t.bk}", i2 + "  ")
+            self.emit(i2, "}")
+        else:
+            self.declare_regs(ops, pack, kw, threads, i2)
+            fill_all("zk", i2)
+            store_all("0", i2)
+            self.emit(i2, "__syncthreads();")
         self.emit(i2, "#pragma unroll")
         self.emit(i2, f"for (int zp = 0; zp < {kw}; zp += 8) {{")
         i3 = i2 + "  "
+        col = swizzled
         self.emit(i3, f"unsigned int za[{tm}][4], zb[{tn}][2];")
         self.emit(i3, "#pragma unroll")
         self.emit(i3, f"for (int zi = 0; zi < {tm}; zi++) {{")
-        self.emit(i3, f"  const int zu = zwm * {wtm} + zi * {gpu.MMA_M} + zr;")
-        self.emit(i3, "  za[zi][0] = zsa[zu][zp + zt]; za[zi][1] = zsa[zu + 8][zp + zt];")
-        self.emit(i3, "  za[zi][2] = zsa[zu][zp + zt + 4]; za[zi][3] = zsa[zu + 8][zp + zt + 4];")
+        if g.ldmatrix and not a_s:  # lane l: row l & 15 of the 16-row tile, k-pairs zp (l < 16) or zp + 4
+            self.ldmatrix("za[zi]", 4, f"zsa[zbf][zwm * {wtm} + zi * {gpu.MMA_M} + (zl & 15)][zp + ((zl >> 4) << 2)]",
+                          i3 + "  ")
+        else:
+            self.emit(i3, f"  const int zu = zwm * {wtm} + zi * {gpu.MMA_M} + zr;")
+            self.emit(i3, f"  za[zi][0] = zsa[zbf][zu][{col('zp + zt', 'zu', a_s)}]; "
+                          f"za[zi][1] = zsa[zbf][zu + 8][{col('zp + zt', 'zu + 8', a_s)}];")
+            self.emit(i3, f"  za[zi][2] = zsa[zbf][zu][{col('zp + zt + 4', 'zu', a_s)}]; "
+                          f"za[zi][3] = zsa[zbf][zu + 8][{col('zp + zt + 4', 'zu + 8', a_s)}];")
         self.emit(i3, "}")
         self.emit(i3, "#pragma unroll")
         self.emit(i3, f"for (int zj = 0; zj < {tn}; zj++) {{")
-        self.emit(i3, f"  const int zv = zwn * {wtn} + zj * {gpu.MMA_N} + zr;")
-        self.emit(i3, "  zb[zj][0] = zsb[zv][zp + zt]; zb[zj][1] = zsb[zv][zp + zt + 4];")
+        if g.ldmatrix and not b_s:  # lane l: column l & 7 of the 8-column tile, k-pairs zp or zp + 4
+            row = f"zwn * {wtn} + zj * {gpu.MMA_N} + (zl & 7)"
+            self.ldmatrix("zb[zj]", 2, f"zsb[zbf][{row}][zp + (((zl >> 3) & 1) << 2)]", i3 + "  ")
+        else:
+            self.emit(i3, f"  const int zv = zwn * {wtn} + zj * {gpu.MMA_N} + zr;")
+            self.emit(i3, f"  zb[zj][0] = zsb[zbf][zv][{col('zp + zt', 'zv', b_s)}]; "
+                          f"zb[zj][1] = zsb[zbf][zv][{col('zp + zt + 4', 'zv', b_s)}];")
         self.emit(i3, "}")
         self.emit(i3, "#pragma unroll")
         self.emit(i3, f"for (int zi = 0; zi < {tm}; zi++) {{")
@@ -436,6 +486,10 @@ class _Writer:
         self.emit(i3, "}")
         self.emit(i3, "}")
         self.emit(i2, "}")
+        if stages == 2:  # the other buffer was last read in the previous step, before its barrier
+            self.emit(i2, "if (zpf) {")
+            store_all("zbf ^ 1", i2 + "  ")
+            self.emit(i2, "}")
         self.emit(i2, "__syncthreads();")
         self.emit(ind, "}")
         self.emit(ind, f"for (int zi = 0; zi < {tm}; zi++) for (int zj = 0; zj < {tn}; zj++) "
@@ -459,91 +513,125 @@ class _Writer:
         self.emit(ind, "}")
         self.emit("  ", "}")
 
-    def fill_tile(self, u: Expr, arr: str, r: Expr, base: str, size: int, rows: int, k_first: bool, vector: bool,
-                  kr: Expr, size_k: int, kw: int, threads: int, ind: str) -> None:
-        """The block's threads write ``arr[rows][kw + pad]``: word ``[i][p]`` = ``u`` at (``r = base + i``,
-        ``k = zk + 2p``) in its low half and ``k + 1`` in its high half (zero outside the bounds). Adjacent threads
-        take adjacent k-pairs (``k_first``) or adjacent rows. With ``vector`` (``gpu.mma_vector_fill``) a thread
-        reads 8 adjacent elements along that axis with one 16-byte load: 4 words of a row (``k_first``), or 8
-        rows at ``k`` and at ``k + 1``, interleaved into one word per row."""
-        v = gpu.VECTOR
-        per = (kw // (v // 2), rows) if k_first else (rows // v, kw)
+    @staticmethod
+    def fill_shape(pack: int, k_first: bool, vector: bool, rows: int, kw: int) -> tuple[tuple[int, int], str]:
+        """``(per, reg)`` of one operand's tile fill: ``per[0] x per[1]`` work items (``per[0]`` the fast one)
+        and the C type of the registers one item stages (``[2]``: two uint4 per item)."""
         if not vector:
-            per = (kw, rows) if k_first else (rows, kw)
+            return ((kw, rows) if k_first else (rows, kw)), "unsigned int"
+        v = gpu.VECTOR if pack == 2 else gpu.mma_vector(dtypes.float32)
+        w = v // 2 if pack == 2 else v
+        per = (kw // w, rows) if k_first else (rows // v, kw)
+        return per, ("uint4" if k_first or pack == 1 else "uint4[2]")
+
+    def declare_regs(self, ops: tuple, pack: int, kw: int, threads: int, ind: str) -> None:
+        """Declare each operand's staging registers (``fill_shape``): one item per fill trip; a trip past the
+        tile's items neither loads nor stores its registers."""
+        for _, _, reg, _, _, _, rows, kf, vec, _ in ops:
+            per, ty = self.fill_shape(pack, kf, vec, rows, kw)
+            trips = -(-(per[0] * per[1]) // threads)
+            base, dims = (ty[:-3], f"[{trips}][2]") if ty.endswith("[2]") else (ty, f"[{trips}]")
+            self.emit(ind, f"{base} {reg}{dims};")
+
+    def fill_loop(self, per: tuple[int, int], k_first: bool, threads: int, ind: str) -> tuple[str, bool]:
+        """Open the unrolled loop over a fill's trips (``zf``; item ``zo``, row ``zu`` and k item ``zv``); the body
+        indent and whether a bound check was opened."""
         total = per[0] * per[1]
         trips = -(-total // threads)
         self.emit(ind, "#pragma unroll")
         self.emit(ind, f"for (int zf = 0; zf < {trips}; zf++) {{")
         i2 = ind + "  "
         self.emit(i2, f"const int zo = zid + zf * {threads};")
-        if total % threads:
+        guard = bool(total % threads)
+        if guard:
             self.emit(i2, f"if (zo < {total}) {{")
             i2 += "  "
-        if k_first:  # zu: row, zv: k-pair (or k-octet)
+        if k_first:  # zu: row, zv: k item
             self.emit(i2, f"const int zu = zo / {per[0]}, zv = zo % {per[0]};")
-        else:  # zu: row (or row octet), zv: k-pair
+        else:  # zu: row (or row octet / quad), zv: k item
             self.emit(i2, f"const int zu = zo % {per[0]}, zv = zo / {per[0]};")
-        if not vector:
-            self.emit(i2, "unsigned int zx = 0u;")
-            for h in range(2):
-                self.fragment_bits(u, {r: (f"{base} + zu", size), kr: (f"zk + 2 * zv + {h}", size_k)}, "zx", 16 * h,
-                                   i2)
-            self.emit(i2, f"{arr}[zu][zv] = zx;")
-        elif k_first:
-            self.emit(i2, "uint4 zx = make_uint4(0u, 0u, 0u, 0u);")
-            self.vector_load(u, {r: (f"{base} + zu", size), kr: (f"zk + {v} * zv", size_k)}, "zx", i2)
-            self.emit(i2, f"*(uint4*)&{arr}[zu][{v // 2} * zv] = zx;")
-        else:
-            self.emit(i2, "uint4 zx = make_uint4(0u, 0u, 0u, 0u), zy = make_uint4(0u, 0u, 0u, 0u);")
-            for h, reg in ((0, "zx"), (1, "zy")):
-                self.vector_load(u, {r: (f"{base} + {v} * zu", size), kr: (f"zk + 2 * zv + {h}", size_k)}, reg, i2)
-            for j, f in enumerate("xyzw"):
-                self.emit(i2, f"{arr}[{v} * zu + {2 * j}][zv] = (zx.{f} & 0xffffu) | (zy.{f} << 16); "
-                              f"{arr}[{v} * zu + {2 * j + 1}][zv] = (zx.{f} >> 16) | (zy.{f} & 0xffff0000u);")
-        if total % threads:
+        return i2, guard
+
+    def close_loop(self, guard: bool, ind: str) -> None:
+        if guard:
             self.emit(ind + "  ", "}")
         self.emit(ind, "}")
 
-    def fill_tile_tf32(self, u: Expr, arr: str, r: Expr, base: str, size: int, rows: int, k_first: bool,
-                       vector: bool, kr: Expr, size_k: int, kw: int, threads: int, ind: str) -> None:
-        """``fill_tile`` for float32 operands: word ``[i][p]`` = ``u`` at (``r = base + i``, ``k = zk + p``)
-        rounded to tf32 (zero outside the bounds). With ``vector`` a thread reads 4 adjacent floats along its fast
-        axis with one 16-byte load: 4 words of a row (``k_first``), or one word of 4 rows."""
-        v = gpu.mma_vector(dtypes.float32)
-        per = (kw // v, rows) if k_first else (rows // v, kw)
-        if not vector:
-            per = (kw, rows) if k_first else (rows, kw)
-        total = per[0] * per[1]
-        trips = -(-total // threads)
-        self.emit(ind, "#pragma unroll")
-        self.emit(ind, f"for (int zf = 0; zf < {trips}; zf++) {{")
-        i2 = ind + "  "
-        self.emit(i2, f"const int zo = zid + zf * {threads};")
-        if total % threads:
-            self.emit(i2, f"if (zo < {total}) {{")
-            i2 += "  "
-        if k_first:  # zu: row, zv: k (or k-quad)
-            self.emit(i2, f"const int zu = zo / {per[0]}, zv = zo % {per[0]};")
-        else:  # zu: row (or row quad), zv: k
-            self.emit(i2, f"const int zu = zo % {per[0]}, zv = zo / {per[0]};")
-        if not vector:
-            self.emit(i2, "unsigned int zx = 0u;")
-            self.fragment_bits(u, {r: (f"{base} + zu", size), kr: ("zk + zv", size_k)}, "zx", 0, i2)
-            self.emit(i2, f"{arr}[zu][zv] = zx;")
-        else:
-            self.emit(i2, "uint4 zx = make_uint4(0u, 0u, 0u, 0u);")
-            at = ({r: (f"{base} + zu", size), kr: (f"zk + {v} * zv", size_k)} if k_first
-                  else {r: (f"{base} + {v} * zu", size), kr: ("zk + zv", size_k)})
-            self.vector_load(u, at, "zx", i2)
-            for f in "xyzw":
-                self.emit(i2, f"zx.{f} = zyx_f32_to_tf32(zyx_u2f(zx.{f}));")
-            if k_first:
-                self.emit(i2, f"*(uint4*)&{arr}[zu][{v} * zv] = zx;")
+    @staticmethod
+    def word(to: tuple[str, str, int], row: str, w: str) -> str:
+        """The shared word ``arr[buf][row][w]`` of ``to = (arr, buf, swizzle mask)`` (``gpu.mma_swizzle``)."""
+        arr, buf, swz = to
+        return f"{arr}[{buf}][{row}][{swizzled(w, row, swz)}]"
+
+    def fill_tile(self, u: Expr, reg: str, r: Expr, base: str, size: int, rows: int, k_first: bool, vector: bool,
+                  kr: Expr, kb: str, size_k: int, kw: int, threads: int, ind: str,
+                  to: tuple[str, str, int] | None) -> None:
+        """One half of filling the shared tile ``arr[buf][rows][kw + pad]`` from the step at k ``kb``: with ``to``
+        None, load into the registers ``reg`` (one item per trip); with ``to = (arr, buf, swizzle)``, store them.
+        Word ``[i][p]`` = ``u`` at (``r = base + i``, ``k = kb + 2p``) in its low half and ``k + 1`` in its high
+        half (zero outside the bounds). Adjacent threads take adjacent k-pairs (``k_first``) or adjacent rows.
+        With ``vector`` (``gpu.mma_vector_fill``) a thread reads 8 adjacent elements along that axis with one
+        16-byte load: 4 words of a row (``k_first``), or 8 rows at ``k`` and at ``k + 1``, interleaved into one
+        word per row."""
+        v = gpu.VECTOR
+        per, _ = self.fill_shape(2, k_first, vector, rows, kw)
+        i2, guard = self.fill_loop(per, k_first, threads, ind)
+        x = f"{reg}[zf]"
+        if to is not None:
+            if not vector:
+                self.emit(i2, f"{self.word(to, 'zu', 'zv')} = {x};")
+            elif k_first:
+                self.emit(i2, f"*(uint4*)&{self.word(to, 'zu', f'{v // 2} * zv')} = {x};")
             else:
-                self.emit(i2, " ".join(f"{arr}[{v} * zu + {j}][zv] = zx.{f};" for j, f in enumerate("xyzw")))
-        if total % threads:
-            self.emit(ind + "  ", "}")
-        self.emit(ind, "}")
+                for j, f in enumerate("xyzw"):
+                    lo, hi = f"{x}[0].{f}", f"{x}[1].{f}"
+                    self.emit(i2, f"{self.word(to, f'{v} * zu + {2 * j}', 'zv')} = ({lo} & 0xffffu) | ({hi} << 16); "
+                                  f"{self.word(to, f'{v} * zu + {2 * j + 1}', 'zv')} = "
+                                  f"({lo} >> 16) | ({hi} & 0xffff0000u);")
+        elif not vector:
+            self.emit(i2, f"{x} = 0u;")
+            for h in range(2):
+                self.fragment_bits(u, {r: (f"{base} + zu", size), kr: (f"{kb} + 2 * zv + {h}", size_k)}, x,
+                                   16 * h, i2)
+        elif k_first:
+            self.emit(i2, f"{x} = make_uint4(0u, 0u, 0u, 0u);")
+            self.vector_load(u, {r: (f"{base} + zu", size), kr: (f"{kb} + {v} * zv", size_k)}, x, i2)
+        else:
+            for h in range(2):
+                self.emit(i2, f"{x}[{h}] = make_uint4(0u, 0u, 0u, 0u);")
+                self.vector_load(u, {r: (f"{base} + {v} * zu", size), kr: (f"{kb} + 2 * zv + {h}", size_k)},
+                                 f"{x}[{h}]", i2)
+        self.close_loop(guard, ind)
+
+    def fill_tile_tf32(self, u: Expr, reg: str, r: Expr, base: str, size: int, rows: int, k_first: bool,
+                       vector: bool, kr: Expr, kb: str, size_k: int, kw: int, threads: int, ind: str,
+                       to: tuple[str, str, int] | None) -> None:
+        """``fill_tile`` for float32 operands: word ``[i][p]`` = ``u`` at (``r = base + i``, ``k = kb + p``)
+        rounded to tf32 (zero outside the bounds; rounded when loaded). With ``vector`` a thread reads 4 adjacent
+        floats along its fast axis with one 16-byte load: 4 words of a row (``k_first``), or one word of 4 rows."""
+        v = gpu.mma_vector(dtypes.float32)
+        per, _ = self.fill_shape(1, k_first, vector, rows, kw)
+        i2, guard = self.fill_loop(per, k_first, threads, ind)
+        x = f"{reg}[zf]"
+        if to is not None:
+            if not vector:
+                self.emit(i2, f"{self.word(to, 'zu', 'zv')} = {x};")
+            elif k_first:
+                self.emit(i2, f"*(uint4*)&{self.word(to, 'zu', f'{v} * zv')} = {x};")
+            else:
+                self.emit(i2, " ".join(f"{self.word(to, f'{v} * zu + {j}', 'zv')} = {x}.{f};"
+                                       for j, f in enumerate("xyzw")))
+        elif not vector:
+            self.emit(i2, f"{x} = 0u;")
+            self.fragment_bits(u, {r: (f"{base} + zu", size), kr: (f"{kb} + zv", size_k)}, x, 0, i2)
+        else:
+            self.emit(i2, f"{x} = make_uint4(0u, 0u, 0u, 0u);")
+            at = ({r: (f"{base} + zu", size), kr: (f"{kb} + {v} * zv", size_k)} if k_first
+                  else {r: (f"{base} + {v} * zu", size), kr: (f"{kb} + zv", size_k)})
+            self.vector_load(u, at, x, i2)
+            for f in "xyzw":
+                self.emit(i2, f"{x}.{f} = zyx_f32_to_tf32(zyx_u2f({x}.{f}));")
+        self.close_loop(guard, ind)
 
     def vector_load(self, u: Expr, at: dict[Expr, tuple[str, int]], reg: str, ind: str) -> None:
         """``reg = `` the 16 bytes of the plain load ``u``'s buffer from its index at the range values ``at``
@@ -560,6 +648,29 @@ class _Writer:
         self.emit(i2, f"if ({inb}) {reg} = *(const uint4*)(p{u.arg} + {self.value(u.srcs[0])});")
         self.name = saved
         self.emit(ind, "}")
+
+    def ldmatrix(self, regs: str, count: int, word: str, ind: str) -> None:
+        """``regs[0..count)`` = ``ldmatrix.sync.aligned.m8n8.x{count}.shared.b16`` of the 8x8 matrices whose rows
+        start at ``&word`` (a shared word; lane ``8q + j`` gives row ``j`` of matrix ``q``): lane ``l`` receives
+        word ``l & 3`` of row ``l >> 2`` of matrix ``q`` in ``regs[q]``. Off the GPU (or below sm_80) the same:
+        each lane takes the row address of lane ``8q + (l >> 2)`` by ``__shfl_sync`` and reads that word."""
+        outs = ", ".join(f"%{q}" for q in range(count))
+        dsts = ", ".join(f'"=r"({regs}[{q}])' for q in range(count))
+        self.lines.extend([
+            "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800",
+            f"{ind}{{",
+            f"{ind}  const unsigned int zad = (unsigned int)__cvta_generic_to_shared(&{word});",
+            f'{ind}  asm volatile("ldmatrix.sync.aligned.m8n8.x{count}.shared.b16 {{{outs}}}, [%{count}];"',
+            f'{ind}      : {dsts} : "r"(zad) : "memory");',
+            f"{ind}}}",
+            "#else",
+            f"{ind}{{",
+            f"{ind}  const unsigned long long zad = (unsigned long long)&{word};",
+            f"{ind}  for (int zq = 0; zq < {count}; zq++)",
+            f"{ind}    {regs}[zq] = ((const unsigned int*)__shfl_sync({FULL_MASK}, zad, zq * 8 + zr))[zt];",
+            f"{ind}}}",
+            "#endif",
+        ])
 
     def mma_step(self, dtype: DType, acc: str, a: str, b: str, ind: str) -> None:
         """``acc[0..3] += a-fragment x b-fragment`` for one ``m16n8k16`` tile (``m16n8k8`` tf32 for float32):
@@ -1020,6 +1131,15 @@ class _Writer:
         self.emit(ind, f"for (int zw = 1; zw < {warps}; zw++) {{ {self.r.combine(op, acc, f'{acc}_sh[zw]')}"
                        + (f" {acc}_nan |= {acc}_shn[zw];" if nan else "") + " }")
         self.emit(ind, "__syncthreads();")
+
+
+def swizzled(w: str, row: str, mask: int) -> str:
+    """The C column of word ``w`` of shared-tile row ``row`` under the XOR mask ``mask`` (``gpu.mma_swizzle``;
+    0: ``w``): ``w ^ gpu.mma_swizzled(row >> 3, mask)``."""
+    if not mask:
+        return w
+    q = f"(({row}) >> 3)"
+    return f"({w}) ^ (({q} ^ ({q} << 1) ^ ({q} << 3)) & {mask})"
 
 
 def _check_plain(red: Reduce) -> None:
