@@ -12,6 +12,8 @@ synchronize; inputs are realized before timing; medians after warm-up):
   bandwidth (issue 12: at least 80% of it).
 - f16 matmul 4096^3 with cuDNN off (the generated ``mma.sync`` kernel) beside the same matmul on cuDNN (issue 12: at
   least 50% of cuDNN's TFLOP/s) and ``torch.matmul``.
+- the generated matmul's pipeline choices, cuDNN off: f16 4096^3 with 1 / 2 shared stages and ldmatrix off / on,
+  and f32 on TF32 tensor cores (``allow_tf32``) beside torch's TF32 matmul.
 - tiny launches through the batched worker: 10,000 launches of a one-thread kernel, then one sync (launches/s);
   beside it tiny zyx ops end to end (``(x + 1).realize()``) and torch ``add_`` calls per second.
 
@@ -331,6 +333,69 @@ def case_matmul_generated(env: Env, dtype: str = "float16", n: int = 4096) -> Ro
     return row
 
 
+@contextlib.contextmanager
+def _forced_gpu_params(env: Env, allow_tf32: bool | None = None, **params: int) -> Iterator[None]:
+    """Within the block every generated CUDA kernel takes ``params`` (``kernel.gpu.search_space`` names) over the
+    heuristics' choices, the device reports ``allow_tf32`` when given, and cuDNN is off (schedules rebuilt)."""
+    import dataclasses
+
+    from zyx.graph import schedule
+    from zyx.kernel import gpu
+
+    real, info, cudnn = gpu.optimize, env.dev._info, getattr(env.dev, "_cudnn", None)
+    gpu.optimize = lambda k, inf, p=None: real(k, inf, {**(p or {}), **params})
+    if allow_tf32 is not None:
+        env.dev._info = dataclasses.replace(info, allow_tf32=allow_tf32 and info.tensor_cores)
+    env.dev._cudnn = None
+    schedule.clear_cache()
+    try:
+        yield
+    finally:
+        gpu.optimize, env.dev._info, env.dev._cudnn = real, info, cudnn
+        schedule.clear_cache()
+
+
+def case_matmul_generated_variants(env: Env, n: int = 4096) -> list[Row]:
+    """The generated matmul's pipeline choices timed side by side, cuDNN off: shared stages 1 / 2 and ldmatrix
+    on / off for float16, then float32 on TF32 tensor cores (allow_tf32) beside torch's TF32 matmul. What the
+    heuristics pick (2 stages, ldmatrix) is only right if the second and third rows beat the first."""
+    if not env.is_cuda:
+        return []
+    if env.smoke:
+        n = n // 64
+    flops = 2.0 * n**3
+    reps = env.repeats(10)
+    rows = []
+    a_np, b_np = _random((n, n), "float16", 5), _random((n, n), "float16", 6)
+    a, b = env.tensor(a_np), env.tensor(b_np)
+    want = a_np.astype(np.float32)[:64] @ b_np.astype(np.float32)
+    for stages, ldm in ((1, 0), (2, 0), (2, 1)):
+        row = Row(f"matmul float16 {n}^3 generated, {stages} stage(s), ldmatrix {'on' if ldm else 'off'}", "TFLOP/s")
+        with _forced_gpu_params(env, mma_stages=stages, mma_ldmatrix=ldm):
+            row.note = _mma_note(a @ b)
+            row.zyx = flops / median_s(lambda: (a @ b).realize(), env.sync, reps) / 1e12
+            z = (a @ b).numpy().astype(np.float32)
+        row.note += f"; max abs err vs float32 NumPy (64 rows) {float(np.max(np.abs(z[:64] - want))):.1e}"
+        rows.append(row)
+    a_np, b_np = _random((n, n), "float32", 7), _random((n, n), "float32", 8)
+    a, b = env.tensor(a_np), env.tensor(b_np)
+    row = Row(f"matmul float32 {n}^3 generated on TF32 tensor cores (allow_tf32)", "TFLOP/s")
+    with _forced_gpu_params(env, allow_tf32=True):
+        row.note = _mma_note(a @ b)
+        row.zyx = flops / median_s(lambda: (a @ b).realize(), env.sync, reps) / 1e12
+        z = (a @ b).numpy()
+    ref = a_np[:64].astype(np.float64) @ b_np.astype(np.float64)
+    err = float(np.max(np.abs(z[:64] - ref)) / np.max(np.abs(ref)))
+    row.note += f"; max rel err vs float64 NumPy (64 rows) {err:.1e}"
+    if env.torch is not None:
+        t = env.torch
+        t.backends.cuda.matmul.allow_tf32 = True
+        ta, tb = env.ttensor(a_np), env.ttensor(b_np)
+        row.torch = flops / median_s(lambda: ta @ tb, env.tsync, reps) / 1e12
+    rows.append(row)
+    return rows
+
+
 TINY = r"""
 extern "C" __global__ void zyx_bench_tiny(float* out) {
   if (threadIdx.x == 0) out[0] += 1.0f;
@@ -416,6 +481,7 @@ def cases(env: Env) -> list[tuple[str, Callable[[], Row | list[Row]], float]]:
     out.append(("softmax", lambda: case_softmax(env), 30))
     out.append(("column sum", lambda: case_column_sum(env), 30))
     out.append(("matmul generated", lambda: case_matmul_generated(env), 60))
+    out.append(("matmul generated variants", lambda: case_matmul_generated_variants(env), 90))
     out.append(("tiny launches", lambda: case_tiny(env), 30))
     for dtype in ("bfloat16", "float16", "float32"):
         matmul(dtype, 4096)
