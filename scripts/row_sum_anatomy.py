@@ -20,19 +20,13 @@ import time
 import numpy as np
 
 import zyx
+from zyx.bench import median_ms
 from zyx.graph import schedule
 from zyx.graph.node import Buffer
 
 
-def median_us(fn, repeats: int, warmup: int = 5) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
+def median_us(fn, repeats: int) -> float:
+    return median_ms(fn, repeats, warmup=5) * 1e3
 
 
 def kernel_alone_us(X: zyx.Tensor, repeats: int) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 
@@ -109,6 +110,45 @@ def assert_close(got, want, rtol: float = 1e-5, atol: float = 1e-6, dtype=None) 
         np.testing.assert_array_equal(g, w)
     else:
         np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=rtol, atol=atol, equal_nan=True)
+
+
+@contextlib.contextmanager
+def registry_with(tmp_path, config: dict):
+    """The global registry made from ``config`` (a JSON config file in ``tmp_path``), and the default one back
+    afterwards; the CUDA workers it started are closed."""
+    from zyx.backends import registry as reg
+    from zyx.graph import schedule
+
+    f = tmp_path / "c.json"
+    f.write_text(json.dumps(config))
+    r = reg.reset_registry(f)
+    schedule.clear_cache()  # plans name the programs of the registry they were made with
+    try:
+        yield r
+    finally:
+        for p in r.placements().values():
+            if p.name.startswith("cuda"):
+                p.pool.worker.close()
+        reg.reset_registry()
+        schedule.clear_cache()
+
+
+def run_emulated_matmul(cs, k, a: np.ndarray, b: np.ndarray, max_blocks: int) -> np.ndarray:
+    """Run the rendered CUDA source ``cs`` of ``k`` (``p0 = p1 @ p2`` up to layout; ``a`` and ``b`` are told apart
+    by size) on the emulator's CPU runtime with at most ``max_blocks`` blocks; returns ``p0``."""
+    from zyx.backends.cuda.args import ArgPack
+    from zyx.backends.cuda.emulator import kernels as emu_kernels
+
+    fn = emu_kernels.compile_module(cs.source).functions[cs.name]
+    by_size = {a.size: a, b.size: b}
+    assert len(by_size) == 2 and len(k.params) == 3 and k.params[0].kind == "out"
+    out = np.zeros(k.params[0].size, k.params[0].dtype.np_dtype)
+    bufs = [out] + [np.ascontiguousarray(by_size[k.params[i].size]).reshape(-1) for i in (1, 2)]
+    pack = ArgPack(len(bufs)).fill([None] * len(bufs), [x.ctypes.data for x in bufs])
+    fault = fn.run([pack.slot(i)[:n] for i, n in enumerate(fn.param_sizes)], (min(cs.grid[0], max_blocks), 1, 1),
+                   cs.block)
+    assert fault is None, f"{cs.name}: {fault}"
+    return out
 
 
 # ---- CUDA codegen coverage (used by tests/test_zz_cuda_codegen_all.py; keep this block last) ----

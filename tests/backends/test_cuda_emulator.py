@@ -13,8 +13,6 @@ streams, events, frees and kernels, run asynchronously on the CPU.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import random
 import subprocess
@@ -24,6 +22,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import kernels_of, registry_with
 
 import zyx
 from zyx.backends.base import BackendError
@@ -87,26 +86,6 @@ class Machine:
         self.worker.close(timeout=10)
         self.emu.shutdown()
         self.emu.memory.release_all()
-
-
-@contextlib.contextmanager
-def registry_with(tmp_path, config: dict):
-    """The global registry made from ``config`` (the emulator on), and the default one back afterwards."""
-    from zyx.backends import registry as reg
-    from zyx.graph import schedule
-
-    f = tmp_path / "c.json"
-    f.write_text(json.dumps(config))
-    r = reg.reset_registry(f)
-    schedule.clear_cache()  # plans name the programs of the registry they were made with
-    try:
-        yield r
-    finally:
-        for p in r.placements().values():
-            if p.name.startswith("cuda"):
-                p.pool.worker.close()
-        reg.reset_registry()
-        schedule.clear_cache()
 
 
 @pytest.fixture
@@ -558,8 +537,6 @@ def test_compile_many_runs_nvrtc_in_parallel_and_equals_compile(monkeypatch):
     parallel) and come out as the very programs ``compile`` gives."""
     if "cuda:0" not in zyx.registry().placements():
         pytest.skip("the emulated GPU is off (ZYX_CUDA_EMULATE=0)")
-    from conftest import kernels_of
-
     dev = zyx.registry().get("cuda:0").primary
     x = zyx.Tensor(np.arange(37 * 53, dtype=np.float32).reshape(37, 53))
     kernels = [kernels_of(t)[0] for t in (x.sum(0) * 3, (x - 2).max(1), (x * x + 5).abs())]

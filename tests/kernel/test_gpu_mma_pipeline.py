@@ -19,13 +19,11 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from conftest import host_without_blas, kernels_of
+from conftest import host_without_blas, kernels_of, run_emulated_matmul
 
 import zyx
 from zyx import dtypes
 from zyx.backends.cuda import nvrtc
-from zyx.backends.cuda.args import ArgPack
-from zyx.backends.cuda.emulator import kernels as emu_kernels
 from zyx.kernel import gpu
 from zyx.kernel.ir import Kernel
 from zyx.kernel.render_cuda import CUDARenderer
@@ -69,17 +67,7 @@ def render(k: Kernel, dtype: str, params: dict[str, int]) -> tuple[gpu.Geometry,
 
 def emulate(k: Kernel, dtype: str, params: dict[str, int], a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Run ``k`` (``p0 = op(a) @ op(b)``) rendered under ``params`` on the emulated driver's CPU runtime."""
-    _, _, cs = render(k, dtype, params)
-    fn = emu_kernels.compile_module(cs.source).functions[cs.name]
-    by_size = {a.size: a, b.size: b}
-    assert len(by_size) == 2 and len(k.params) == 3 and k.params[0].kind == "out"
-    out = np.zeros(k.params[0].size, k.params[0].dtype.np_dtype)
-    bufs = [out] + [np.ascontiguousarray(by_size[k.params[i].size]).reshape(-1) for i in (1, 2)]
-    pack = ArgPack(len(bufs)).fill([None] * len(bufs), [x.ctypes.data for x in bufs])
-    fault = fn.run([pack.slot(i)[:n] for i, n in enumerate(fn.param_sizes)], (min(cs.grid[0], EMU_GRID), 1, 1),
-                   cs.block)
-    assert fault is None, f"{cs.name}: {fault}"
-    return out
+    return run_emulated_matmul(render(k, dtype, params)[2], k, a, b, EMU_GRID)
 
 
 def tf32(x: np.ndarray) -> np.ndarray:

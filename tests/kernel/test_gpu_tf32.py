@@ -11,21 +11,17 @@ differ from exact FP32 by about tf32's error, so a kernel that did not round (or
 
 from __future__ import annotations
 
-import contextlib
-import json
 import shutil
 from dataclasses import replace
 
 import numpy as np
 import pytest
-from conftest import host_without_blas, kernels_of
+from conftest import host_without_blas, kernels_of, registry_with, run_emulated_matmul
 
 import zyx
 from zyx import dtypes
 from zyx.backends.cuda import nvrtc
-from zyx.backends.cuda.args import ArgPack
 from zyx.backends.cuda.device import device_info
-from zyx.backends.cuda.emulator import kernels as emu_kernels
 from zyx.kernel import gpu
 from zyx.kernel.ir import Kernel
 from zyx.kernel.render_cuda import CUDARenderer
@@ -65,17 +61,7 @@ def matmul_kernel(a_shape: tuple[int, ...], b_shape: tuple[int, ...], transpose_
 
 def emulate(k: Kernel, params: dict[str, int], a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Run ``k`` (``p0 = p1 @ p2`` up to layout) optimized for ``TF32`` on the emulated driver's CPU runtime."""
-    cs = CUDARenderer().render(gpu.optimize(k, TF32, params))
-    fn = emu_kernels.compile_module(cs.source).functions[cs.name]
-    by_size = {a.size: a, b.size: b}
-    assert len(by_size) == 2 and len(k.params) == 3 and k.params[0].kind == "out"
-    out = np.zeros(k.params[0].size, np.float32)
-    bufs = [out] + [np.ascontiguousarray(by_size[k.params[i].size]).reshape(-1) for i in (1, 2)]
-    pack = ArgPack(len(bufs)).fill([None] * len(bufs), [x.ctypes.data for x in bufs])
-    fault = fn.run([pack.slot(i)[:n] for i, n in enumerate(fn.param_sizes)], (min(cs.grid[0], EMU_GRID), 1, 1),
-                   cs.block)
-    assert fault is None, f"{cs.name}: {fault}"
-    return out
+    return run_emulated_matmul(CUDARenderer().render(gpu.optimize(k, TF32, params)), k, a, b, EMU_GRID)
 
 
 def references(a: np.ndarray, b: np.ndarray, transpose_a: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -231,26 +217,6 @@ def test_tf32_ties_round_away_from_zero_under_emulation():
 
 # ---------------------------------------------------------------------------------------------------------------
 # end to end: the Tensor API on the emulated cuda:0
-
-
-@contextlib.contextmanager
-def registry_with(tmp_path, config: dict):
-    """The global registry made from ``config``, and the default one back afterwards."""
-    from zyx.backends import registry as reg
-    from zyx.graph import schedule
-
-    f = tmp_path / "c.json"
-    f.write_text(json.dumps(config))
-    r = reg.reset_registry(f)
-    schedule.clear_cache()
-    try:
-        yield r
-    finally:
-        for p in r.placements().values():
-            if p.name.startswith("cuda"):
-                p.pool.worker.close()
-        reg.reset_registry()
-        schedule.clear_cache()
 
 
 @needs_nvrtc
