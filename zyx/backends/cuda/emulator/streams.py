@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 
 from zyx.backends.cuda.emulator import kernels
 
+IDLE_TRIM_S = 0.05  # idle this long, a stream's thread gives back its large fiber-stack block (kernels.trim_thread)
+
 
 class Marker:
     """One record of an event: set when the stream reached it (``at``: ``perf_counter_ns`` then)."""
@@ -140,11 +142,15 @@ class Stream:
             self._thread.join(timeout=10)
 
     def _run(self) -> None:
+        ran = False  # ran work since its fiber stacks were last given back
         while True:
             with self._cv:
-                idle = not self._queue
+                if ran and not self._queue:
+                    self._cv.wait(IDLE_TRIM_S)  # a stream that is busy again soon keeps its stacks
+                idle = ran and not self._queue
             if idle:
                 kernels.trim_thread()
+                ran = False
             with self._cv:
                 while not self._queue:
                     self._cv.wait()
@@ -152,6 +158,7 @@ class Stream:
             if op is _STOP:
                 return
             self._execute(op, work)
+            ran = True
             with self._cv:
                 self._unfinished -= 1
 
