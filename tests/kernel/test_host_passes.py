@@ -378,8 +378,10 @@ def test_long_row_sums_keep_independent_lanes():
         assert ("_b_t[64]" in src) == (cols % 64 == 0)
         on, off = _run(lambda X=X: X.sum(1).numpy())[0], _run(lambda X=X: X.sum(1).numpy(), ("unroll_reduce",))[0]
         ref = x.astype(np.float64).sum(1)
-        np.testing.assert_allclose(on, ref, rtol=1e-6, atol=1e-5)
-        np.testing.assert_allclose(off, ref, rtol=1e-6, atol=1e-5)
+        # float32 blocks of 256 into a double: NumPy's own float32 sum is 1.2e-5 off here, a sequential float32
+        # sum 1.5e-4 (the order within a block follows the compiler's vector width, so the last bits vary)
+        np.testing.assert_allclose(on, ref, rtol=1e-6, atol=3e-5)
+        np.testing.assert_allclose(off, ref, rtol=1e-6, atol=3e-5)
     for lanes in (1, 16, 128):  # the search space's other values
         for cols, k in kernels.items():
             src = CRenderer().render(opt.optimize(k, HOST2, {"reduce_lanes": lanes}))
