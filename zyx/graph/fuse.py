@@ -2,9 +2,9 @@
 
 Invariants:
 - A class is stored (a kernel boundary) when it is an output, the input or output of a copy or library
-  node, a reduce needed by more than one kernel, a reduce whose placement would recompute it
-  (``recompute_factors``), or a costly elementwise value needed by several kernels. Everything else is
-  inlined into each kernel that needs it; movement ops are index arithmetic.
+  node, a reduce needed by more than one kernel, a reduce whose placements would recompute it
+  (``recompute_factors``, summed over the places its kernel runs it), or a costly elementwise value needed by
+  several kernels. Everything else is inlined into each kernel that needs it; movement ops are index arithmetic.
 - A stored class whose own computation is cheap elementwise work ("inlinable") is still stored, but other
   kernels recompute it instead of loading it, so they do not have to wait for it.
 - Kernels are grouped: stored classes of the same shape and device at the same dependency depth that read a
@@ -190,8 +190,13 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
             b = KernelBuilder("k", stored - inline - set(group))
             for c in sorted(group, key=lambda x: position[id(x)]):
                 b.add_output(c)
+            # a class's reduce placed in the loops of several other reduces (attention's scores, read by the
+            # softmax's max, its sum and the weighted sum) is one reduce per place, each with its own ranges
+            runs: dict[Class, int] = {}
             for e, factor in recompute_factors(b.kernel()).items():
                 rc = b.reduce_class[e]
+                runs[rc] = runs.get(rc, 0) + factor
+            for rc, factor in runs.items():
                 if factor > 1 and rc not in stored:
                     stored.add(rc)
                     grew = True
