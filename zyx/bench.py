@@ -46,8 +46,9 @@ def median_ms(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
 
 def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 2) -> dict[str, float]:
     """Median ms of each function, timed in turns (one call of each per round), so that drifts of a noisy
-    machine (other processes, clock changes) fall on every function alike. For small working sets: functions
-    streaming large buffers of their own would evict each other's from the cache."""
+    machine (other processes, clock changes) fall on every function alike. For small working sets, and for
+    streams far larger than the last-level cache (every call reads from memory either way); not for buffers that
+    fit the cache alone but not together (each function would evict the others' data)."""
     for _ in range(warmup):
         for fn in fns.values():
             fn()
@@ -100,15 +101,24 @@ def _square(args) -> tuple[np.ndarray, zyx.Tensor]:
     return x, zyx.Tensor(x).realize()
 
 
+def _streaming_row(name: str, args, fns: dict[str, Callable[[], object]]) -> Row:
+    """A row over a 64 MB operand (``_square``), zyx and its peers timed in turns (``interleaved_medians``): the
+    machine's drifts over the seconds a block of repeats takes had moved the ratios by 30%."""
+    ms = interleaved_medians(fns, args.repeats, warmup=3)
+    row = Row(name, ms.pop("zyx"))
+    row.refs.update(ms)
+    return row
+
+
 def _sum_row(args, axis: int, what: str) -> Row:
     x, X = _square(args)
-    row = Row(f"{what} sum {x.shape[0]}x{x.shape[1]} f32", median_ms(lambda: X.sum(axis=axis).realize(), args.repeats))
-    row.refs["numpy"] = median_ms(lambda: x.sum(axis=axis), args.repeats)
+    fns: dict[str, Callable[[], object]] = {"zyx": lambda: X.sum(axis=axis).realize(),
+                                            "numpy": lambda: x.sum(axis=axis)}
     torch = _torch()
     if torch is not None:
         t = torch.from_numpy(x)
-        row.refs["torch"] = median_ms(lambda: t.sum(dim=axis), args.repeats)
-    return row
+        fns["torch"] = lambda: t.sum(dim=axis)
+    return _streaming_row(f"{what} sum {x.shape[0]}x{x.shape[1]} f32", args, fns)
 
 
 @case
@@ -157,13 +167,12 @@ def softmax(args) -> Row:
         e = np.exp(x - x.max(axis=1, keepdims=True))
         return e / e.sum(axis=1, keepdims=True)
 
-    row = Row(f"softmax rows {x.shape[0]}x{x.shape[1]} f32", median_ms(lambda: X.softmax(-1).realize(), args.repeats))
-    row.refs["numpy"] = median_ms(np_softmax, args.repeats)
+    fns: dict[str, Callable[[], object]] = {"zyx": lambda: X.softmax(-1).realize(), "numpy": np_softmax}
     torch = _torch()
     if torch is not None:
         t = torch.from_numpy(x)
-        row.refs["torch"] = median_ms(lambda: torch.softmax(t, -1), args.repeats)
-    return row
+        fns["torch"] = lambda: torch.softmax(t, -1)
+    return _streaming_row(f"softmax rows {x.shape[0]}x{x.shape[1]} f32", args, fns)
 
 
 class _GeneratedOnly:
