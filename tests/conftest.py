@@ -30,6 +30,15 @@ def _use_the_cuda_emulator() -> None:
 _use_the_cuda_emulator()
 
 
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``-n auto`` (pyproject's addopts): two test processes at most, since each compiles kernels and runs OpenMP
+    ones on every core; one where a real GPU is present (the memory tests read the device's free memory, which
+    workers would share)."""
+    from zyx.backends.cuda import driver
+
+    return 1 if driver.unavailable_reason() is None else min(2, os.cpu_count() or 1)
+
+
 def compute_devices() -> list[str]:
     return [name for name, p in registry().placements().items() if p.devices]
 
@@ -151,10 +160,38 @@ def run_emulated_matmul(cs, k, a: np.ndarray, b: np.ndarray, max_blocks: int) ->
     return out
 
 
-# ---- CUDA codegen coverage (used by tests/test_zz_cuda_codegen_all.py; keep this block last) ----
-# Log every kernel IR the host compiles in this session, so that the last test can render each one as CUDA C
-# and compile it with NVRTC for sm_80 and sm_90 (no GPU needed).
+# ---- CUDA codegen coverage (keep this block last) ----
+# Log every kernel IR the devices compile in this process; when its tests are done, render each one as CUDA C and
+# compile it with NVRTC for sm_80 and sm_90 (no GPU needed; tests/cuda_codegen_check.py). A failure is an error in
+# the teardown of the process's last test.
 from zyx import utils as _zyx_utils  # noqa: E402
 
 _zyx_utils.KERNEL_LOG = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def every_logged_kernel_compiles_for_cuda(request):
+    yield
+    log = _zyx_utils.KERNEL_LOG
+    if not log:
+        return
+    from cuda_codegen_check import check_logged_kernels
+
+    from zyx.backends.cuda import nvrtc
+
+    def say(line: str) -> None:  # past the output capture (under pytest -n a worker's lines go nowhere)
+        plugins = request.config.pluginmanager
+        reporter, capture = plugins.get_plugin("terminalreporter"), plugins.get_plugin("capturemanager")
+        if reporter is not None and capture is not None:
+            with capture.global_and_fixture_disabled():
+                reporter.write("\n")
+                reporter.write_line(line)
+
+    reason = nvrtc.available()
+    if reason is not None:
+        say(f"CUDA codegen not checked: NVRTC unavailable ({reason}); {nvrtc.INSTALL_HINT}")
+        return
+    summary, failures = check_logged_kernels(log)
+    say(summary)
+    assert not failures, f"{len(failures)} CUDA compile batches failed:\n" + "\n\n".join(failures[:5])
 # ---- end of the CUDA codegen block ----

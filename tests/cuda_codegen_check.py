@@ -1,10 +1,11 @@
-"""Every kernel the test session compiled for the host, rendered as CUDA C and compiled by NVRTC for sm_80 and sm_90.
+"""Every kernel a test process compiled, rendered as CUDA C and compiled by NVRTC for sm_80 and sm_90.
 
-``tests/conftest.py`` sets ``zyx.utils.KERNEL_LOG`` to a list, so the host device logs each kernel IR it
-compiles; this file is named to run last in the default collection order. Kernels are deduplicated by their
-rendered source and compiled in batches (``nvrtc.check_batch``: one NVRTC program per batch, each kernel in its
-own namespace, ~2.5x faster than one program per kernel) over a process pool of two; sources checked in an
-earlier run are remembered on disk, so only new sources cost an NVRTC run. No GPU is needed.
+``tests/conftest.py`` sets ``zyx.utils.KERNEL_LOG`` to a list, so the devices log each kernel IR they compile,
+and checks the log when the process's tests are done (a session fixture: under ``pytest -n 2`` each worker
+checks its own kernels; a failure is an error in the teardown of that worker's last test). Kernels are
+deduplicated by their rendered source and compiled in batches (``nvrtc.check_batch``: one NVRTC program per
+batch, each kernel in its own namespace, ~2.5x faster than one program per kernel) over a process pool of two;
+sources checked in an earlier run are remembered on disk, so only new sources cost an NVRTC run. No GPU needed.
 """
 
 from __future__ import annotations
@@ -13,9 +14,6 @@ import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-import pytest
-
-from zyx import utils
 from zyx.backends.base import BackendError
 from zyx.backends.cuda import nvrtc
 from zyx.kernel import gpu
@@ -57,14 +55,8 @@ def _run(jobs: list[tuple[tuple[str, ...], str]]) -> list[str]:
     return [r for r in results if r is not None]
 
 
-def test_every_logged_kernel_compiles_for_cuda(capsys) -> None:
-    reason = nvrtc.available()
-    if reason is not None:
-        pytest.skip(f"NVRTC unavailable ({reason}); install the extra: {nvrtc.INSTALL_HINT}")
-    log = utils.KERNEL_LOG
-    if not log:
-        pytest.skip("no kernel was logged: run this with the rest of the suite (tests/conftest.py sets "
-                    "zyx.utils.KERNEL_LOG)")
+def check_logged_kernels(log: list) -> tuple[str, list[str]]:
+    """Render and compile every kernel in ``log``: a one-line summary, and the failures (empty: all compiled)."""
     t0 = time.perf_counter()
     sources, failures = _render_all(list(log))
     t_render = time.perf_counter() - t0
@@ -75,10 +67,8 @@ def test_every_logged_kernel_compiles_for_cuda(capsys) -> None:
     n_new = sum(len(srcs) for srcs, _ in jobs)
     t1 = time.perf_counter()
     failures += _run(jobs)
-    t_compile = time.perf_counter() - t1
     n_all = len(sources) * len(ARCHS)
-    with capsys.disabled():
-        print(f"\nCUDA codegen: {len(log)} logged kernels, {len(sources)} distinct sources, {n_all} compiles for "
-              f"{'/'.join(ARCHS)} ({n_new} run now in {len(jobs)} NVRTC programs, {n_all - n_new} checked before); "
-              f"render {t_render:.1f} s, NVRTC {t_compile:.1f} s")
-    assert not failures, f"{len(failures)} CUDA compile batches failed:\n" + "\n\n".join(failures[:5])
+    summary = (f"CUDA codegen: {len(log)} logged kernels, {len(sources)} distinct sources, {n_all} compiles for "
+               f"{'/'.join(ARCHS)} ({n_new} run now in {len(jobs)} NVRTC programs, {n_all - n_new} checked "
+               f"before); render {t_render:.1f} s, NVRTC {time.perf_counter() - t1:.1f} s")
+    return summary, failures
