@@ -103,8 +103,9 @@ def _square(args) -> tuple[np.ndarray, zyx.Tensor]:
 
 def _streaming_row(name: str, args, fns: dict[str, Callable[[], object]]) -> Row:
     """A row over a 64 MB operand (``_square``), zyx and its peers timed in turns (``interleaved_medians``): the
-    machine's drifts over the seconds a block of repeats takes had moved the ratios by 30%."""
-    ms = interleaved_medians(fns, args.repeats, warmup=3)
+    machine's drifts over the seconds a block of repeats takes had moved the ratios by 30%. At least 15 rounds
+    (a round costs tens of ms): medians of 7 moved the row sum's ratio to torch by 10% from run to run."""
+    ms = interleaved_medians(fns, max(args.repeats, 15), warmup=3)
     row = Row(name, ms.pop("zyx"))
     row.refs.update(ms)
     return row

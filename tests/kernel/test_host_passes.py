@@ -29,7 +29,8 @@ from fuzz_programs import compare, programs, run_zyx  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-PASSES = ("column_block", "block_vector_reduce", "stash_row_values", "split_divmod_loops", "unroll_reduce", "transpose")
+PASSES = ("column_block", "block_vector_reduce", "stash_row_values", "split_divmod_loops", "unroll_reduce",
+          "upcast_rows", "transpose")
 HOST2 = DeviceInfo("host", "host", compute_units=2)
 
 
@@ -254,7 +255,10 @@ def eager_passes(monkeypatch):
     monkeypatch.setattr(opt, "SPLIT_MIN_INNER", 2)
     monkeypatch.setattr(opt, "WIDE_ACC_MIN", 8)  # long-sum blocks (and their lanes) on short rows
     monkeypatch.setattr(opt, "REDUCE_LANES", 4)
+    monkeypatch.setattr(opt, "UPCAST_ROWS", 2)  # two rows of two lanes
+    monkeypatch.setattr(opt, "UPCAST_MIN_LANES", 1)
     monkeypatch.setattr(CRenderer, "sum_block", 8)
+    monkeypatch.setattr(CRenderer, "lane_depth", 2)  # several blocks of lanes per row
 
 
 def _agree(a: np.ndarray, b: np.ndarray, what: str) -> None:
@@ -348,11 +352,12 @@ def test_row_and_column_programs_agree_with_passes_off(shape, data, eager_passes
 def test_random_programs_reach_the_passes(eager_passes):
     """The eager thresholds do make the random shapes above block column sums and stash row values."""
     X = zyx.Tensor(np.ones((16, 24), np.float32)).realize()
-    ks = _kernels(lambda: [X.sum(0).numpy(), (X.exp() / X.exp().sum(1, keepdim=True)).numpy()])
+    ks = _kernels(lambda: [X.sum(0).numpy(), (X.exp() / X.exp().sum(1, keepdim=True)).numpy(), X.sum(1).numpy()])
     ko = [opt.optimize(k, HOST2) for k in ks]
     assert any("vector_block" in k.meta for k in ko)
     assert any(Ops.STASH in _ops(k) for k in ko)
     assert any("reduce_lanes" in k.meta for k in ko)
+    assert any("upcast_rows" in k.meta for k in ko)
 
 
 def test_pass_names_are_known():
@@ -363,26 +368,62 @@ def test_pass_names_are_known():
 # ---- reduce lanes ----------------------------------------------------------------------------------------------
 
 def test_long_row_sums_keep_independent_lanes():
-    """A long float32 row sum adds its blocks in ``REDUCE_LANES`` partial sums; lengths the lanes do not tile keep
-    one partial; values match NumPy's float64 sums either way, and the pass off."""
+    """A long float32 row sum adds its blocks in ``REDUCE_LANES`` partial sums, shared by ``UPCAST_ROWS`` rows
+    computed together where the rows and lanes divide evenly; lengths the lanes do not tile keep one partial;
+    values match NumPy's float64 sums either way, and the passes off."""
     rng = np.random.default_rng(7)
     kernels = {}
+    per_row = opt.REDUCE_LANES // opt.UPCAST_ROWS
     for cols in (4096, 4100):
         x = rng.standard_normal((8, cols)).astype(np.float32)
         X = zyx.Tensor(x).realize()
         (k,) = _kernels(lambda X=X: X.sum(1).numpy())
         kernels[cols] = k
         ko = opt.optimize(k, HOST2)
-        assert ko.meta["reduce_lanes"] == opt.REDUCE_LANES
+        tiled = cols % per_row == 0
+        assert ko.meta["reduce_lanes"] == (per_row if tiled else opt.REDUCE_LANES)
+        assert ko.meta.get("upcast_rows", 1) == (opt.UPCAST_ROWS if tiled else 1)
         src = CRenderer().render(ko)
-        assert ("_b_t[64]" in src) == (cols % 64 == 0)
-        on, off = _run(lambda X=X: X.sum(1).numpy())[0], _run(lambda X=X: X.sum(1).numpy(), ("unroll_reduce",))[0]
+        assert src.count(f"_b_t[{per_row}];") == (opt.UPCAST_ROWS if tiled else 0)
+        assert "_b_t[" not in src or tiled
+        on = _run(lambda X=X: X.sum(1).numpy())[0]
+        off = _run(lambda X=X: X.sum(1).numpy(), ("unroll_reduce",))[0]
+        one_row = _run(lambda X=X: X.sum(1).numpy(), ("upcast_rows",))[0]
         ref = x.astype(np.float64).sum(1)
-        # float32 blocks of 256 into a double: NumPy's own float32 sum is 1.2e-5 off here, a sequential float32
-        # sum 1.5e-4 (the order within a block follows the compiler's vector width, so the last bits vary)
-        np.testing.assert_allclose(on, ref, rtol=1e-6, atol=3e-5)
-        np.testing.assert_allclose(off, ref, rtol=1e-6, atol=3e-5)
-    for lanes in (1, 16, 128):  # the search space's other values
+        # float32 blocks into a double: NumPy's own float32 sum is 1.2e-5 off here, a sequential float32 sum
+        # 1.5e-4 (the order within a block follows the compiler's vector width, so the last bits vary)
+        for got in (on, off, one_row):
+            np.testing.assert_allclose(got, ref, rtol=1e-6, atol=3e-5)
+    for lanes in (1, 16, 128):  # the search space's other values, one row at a time
         for cols, k in kernels.items():
-            src = CRenderer().render(opt.optimize(k, HOST2, {"reduce_lanes": lanes}))
-            assert (f"_b_t[{lanes}]" in src) == (lanes > 1 and cols % lanes == 0 and 256 % lanes == 0)
+            src = CRenderer().render(opt.optimize(k, HOST2, {"reduce_lanes": lanes, "upcast_rows": 1}))
+            assert (f"_b_t[{lanes}]" in src) == (lanes > 1 and cols % lanes == 0)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 4, 8])
+def test_upcast_rows_share_one_loop(rows, monkeypatch):
+    """``upcast_rows``: each of ``rows`` outputs keeps its own accumulators inside one shared loop nest, a row's
+    mean and the sum of squares around it included (a reduce reading another reduce of the same row); rows that
+    the count does not divide (or leave under two iterations) are left to one output per iteration."""
+    from zyx.kernel.linearize import Reduce, linearize, walk
+
+    rng = np.random.default_rng(3)
+    for n_rows in (8, 6):
+        x = rng.standard_normal((n_rows, 2048)).astype(np.float32)  # long enough for lanes
+        X = zyx.Tensor(x).realize()
+
+        def fn(X=X):
+            return [X.sum(1).numpy(), ((X - X.mean(1, keepdim=True)) ** 2).sum(1).numpy()]
+
+        for k in _kernels(fn):
+            ko = opt.optimize(k, HOST2, {"upcast_rows": rows})
+            applies = rows > 1 and n_rows % rows == 0 and n_rows // rows >= 2
+            assert ko.meta.get("upcast_rows", 1) == (rows if applies else 1)
+            reds = [s for s in walk(linearize(ko)) if isinstance(s, Reduce)]
+            assert all(len(r.exprs) == (rows if applies else 1) for r in reds)
+            assert len(ko.stores) == len(k.stores) * (rows if applies else 1)
+        monkeypatch.setattr(opt, "UPCAST_ROWS", rows)
+        got = _run(fn, ("column_block",))  # (any name: fresh schedules with this row count)
+        np.testing.assert_allclose(got[0], x.astype(np.float64).sum(1), rtol=1e-6, atol=3e-5)
+        c = x.astype(np.float64) - x.astype(np.float64).mean(1, keepdims=True)
+        np.testing.assert_allclose(got[1], (c * c).sum(1), rtol=1e-5)

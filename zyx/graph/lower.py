@@ -258,7 +258,8 @@ def recompute_factors(k: ir.Kernel) -> dict[Expr, int]:
         for s in block.stmts:
             if isinstance(s, Reduce):
                 runs = math.prod(r.arg[1] for r in enclosing)
-                out[s.expr] = runs // max(math.prod(r.arg[1] for r in s.expr.ranges), 1)
+                for e in s.exprs:
+                    out[e] = runs // max(math.prod(r.arg[1] for r in e.ranges), 1)
                 walk(s.loop.body, enclosing + (s.loop.range,))
         if block.inner is not None:
             walk(block.inner.body, enclosing + (block.inner.range,))

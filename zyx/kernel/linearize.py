@@ -7,12 +7,18 @@ update in its innermost loop body. Stores go into the innermost output loop.
 
 Invariant: the ranges one expression depends on always lie on one chain of nested loops, so "innermost"
 is well defined.
+
+In a kernel of ``opt.upcast_rows`` (``meta["upcast_rows"]``), reduces over the same range tuple (copies of one
+reduce for several outputs, none depending on another) share one loop nest: one ``Reduce`` statement, the first
+as ``expr`` and the others in ``siblings``, each with its accumulate statement in the innermost body. The values
+outside the loops that a later sibling needs are placed before the shared statement.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from zyx.kernel import ir
 from zyx.kernel.ir import Expr, Kernel, Store
 from zyx.ops import Ops
 
@@ -49,6 +55,11 @@ class Reduce:
     split: bool = False  # split across threads (root reduce of a kernel with no output loops)
     vec: Expr | None = None  # accumulate one value per iteration of this (output) range, innermost
     block: tuple[int, int] | None = None  # (reduce iterations, tile of ``vec``) of a register-tiled ``vec``
+    siblings: list[Expr] = field(default_factory=list)  # further reduces over the same ranges, in these loops
+
+    @property
+    def exprs(self) -> list[Expr]:
+        return [self.expr, *self.siblings]
 
 
 def linearize(k: Kernel) -> Block:
@@ -85,6 +96,10 @@ def linearize(k: Kernel) -> Block:
             return
         done.add(id(e))
         if e.op is Ops.REDUCE:
+            shared = groups.get(e.arg[1]) if upcast else None
+            if shared is not None:
+                join(e, *shared)
+                return
             vectorized = vec is not None and vec in e.ranges
             deps = e.ranges - {vec} if vectorized else e.ranges
             outer = block_of[max(deps, key=lambda r: depth[r])] if deps else root
@@ -116,9 +131,11 @@ def linearize(k: Kernel) -> Block:
                     if vec in x.ranges:
                         done.discard(id(x))
                 done.update(id(x) for x in hidden)
-            outer.stmts.append(Reduce(e, loops[0], split=k.split_reduce and outer is root,
-                                      vec=vec if vectorized else None,
-                                      block=k.meta.get("vector_block") if vectorized and len(loops) == 2 else None))
+            red = Reduce(e, loops[0], split=k.split_reduce and outer is root, vec=vec if vectorized else None,
+                         block=k.meta.get("vector_block") if vectorized and len(loops) == 2 else None)
+            outer.stmts.append(red)
+            if not vectorized:
+                groups[e.arg[1]] = (red, loops[-1])
             return
         for s in e.srcs:
             emit(s)
@@ -129,13 +146,56 @@ def linearize(k: Kernel) -> Block:
         home(e).stmts.append(e)
         emitted.append(e)
 
+    groups: dict[tuple[Expr, ...], tuple[Reduce, Loop]] = {}  # reduce ranges -> their statement
+    upcast = k.meta.get("upcast_rows", 1) > 1
+
+    def join(e: Expr, red: Reduce, inner: Loop) -> None:
+        """Sibling ``e`` accumulates in ``red``'s loops (``_order_blocks`` then places what it needs first)."""
+        inside = {id(x) for x in ir.toposort([e.srcs[0]])}
+        assert not any(id(m) in inside for m in red.exprs), "a reduce sharing loops reads another of them"
+        emit(e.srcs[0])
+        inner.body.tail.append(e)
+        red.siblings.append(e)
+
     for st in k.stores:
         emit(st.index)
         emit(st.value)
     innermost.tail.extend(k.stores)
     if root.inner is not None and root.inner.collapse > 1 and root.inner.body.stmts:
         root.inner.collapse = 1  # collapse needs perfectly nested loops
+    if any(red.siblings for red, _ in groups.values()):
+        _order_blocks(root)
     return root
+
+
+def _order_blocks(block: Block) -> None:
+    """Reorder every block's statements (stably) so each follows the statements defining what it reads: a
+    sibling's values outside the shared loops were emitted after the shared ``Reduce`` statement."""
+    defined: dict[int, int] = {}  # id(expr) -> position of its defining statement in this block
+    for i, s in enumerate(block.stmts):
+        for e in (s.exprs if isinstance(s, Reduce) else [] if isinstance(s, ScanInit) else [s]):
+            defined[id(e)] = i
+    needs: list[set[int]] = []
+    for i, s in enumerate(block.stmts):
+        if isinstance(s, Reduce):
+            reads = ir.toposort([e.srcs[0] for e in s.exprs])
+        elif isinstance(s, ScanInit):
+            reads = []
+        else:
+            reads = list(s.srcs)
+        needs.append({defined[id(x)] for x in reads if id(x) in defined and defined[id(x)] != i})
+    order: list[int] = []
+    placed: set[int] = set()
+    while len(order) < len(block.stmts):
+        i = next(i for i in range(len(block.stmts)) if i not in placed and needs[i] <= placed)
+        order.append(i)
+        placed.add(i)
+    block.stmts[:] = [block.stmts[i] for i in order]
+    for s in block.stmts:
+        if isinstance(s, Reduce):
+            _order_blocks(s.loop.body)
+    if block.inner is not None:
+        _order_blocks(block.inner.body)
 
 
 def walk(block: Block):

@@ -18,6 +18,8 @@
   operand and MR x NR register tiles of accumulators (``meta["gemm"]``, rendered by ``CRenderer``); disabled by
   name ``"gemm"``.
 - ``unroll_reduce``: a long float32 sum keeps several independent partial sums per block (``meta["reduce_lanes"]``).
+- ``upcast_rows``: such a row sum computes several consecutive outputs per iteration, their sums in one loop
+  (``meta["upcast_rows"]``).
 - ``stash_row_values``: a row value that a reduce computes and a later loop over the same row recomputes is
   written to a local array once (``STASH``) and read back (``LOCAL``): softmax's exp, LayerNorm's residual add.
 
@@ -341,6 +343,48 @@ def unroll_reduce(k: Kernel, lanes: int | None = None) -> Kernel:
     return replace(k, meta={**k.meta, "reduce_lanes": lanes})
 
 
+UPCAST_ROWS = 4  # outputs of a row sum computed together: 4 rows of 16 lanes, 4 streams the prefetchers follow
+UPCAST_MIN_LANES = 8
+
+
+def upcast_rows(k: Kernel, rows: int | None = None) -> Kernel:
+    """A row sum with ``reduce_lanes`` (each output a long contiguous float32 sum) computes ``rows`` consecutive
+    outputs per iteration of its innermost output loop ``r``: ``r = rows * r' + u`` for each constant ``u``, so
+    every reduce depending on ``r`` becomes ``rows`` copies over the same ranges, which ``linearize`` runs in one
+    loop nest (``Reduce.siblings``), ``reduce_lanes / rows`` lanes each: the same number of independent partial
+    sums, now over ``rows`` memory streams (a 4096-wide row sum ran 8% faster on a 2-core Zen 4). Fewer lanes per
+    output reassociate its sum, as the lanes themselves do."""
+    rows = UPCAST_ROWS if rows is None else rows
+    lanes = k.meta.get("reduce_lanes", 0)
+    if rows <= 1 or lanes // rows < UPCAST_MIN_LANES or not k.loops or k.split_reduce or k.then or \
+            "vector_acc" in k.meta or "gemm" in k.meta:
+        return k
+    r = k.loops[-1]
+    n = r.arg[1]
+    if n % rows or n // rows < 2 or r in k.scan_ranges():
+        return k
+    reds = [e for e in k.reduces() if r in e.ranges]
+    if not reds or any(x.op in (Ops.STASH, Ops.LOCAL) for x in ir.toposort(_all_roots(k))):
+        return k
+    for e in reds:  # long contiguous float sums only: what the lanes render for
+        (rr, *more) = e.arg[1]
+        if more or e.arg[0] is not Ops.ADD or not e.dtype.is_float or e.dtype is dtypes.float64 or \
+                rr.arg[1] % (lanes // rows):
+            return k
+        if not any(x.op is Ops.LOAD and ir.affine_coefficient(x.srcs[0], rr) == 1
+                   for x in ir.toposort([e.srcs[0]])):
+            return k
+    outer = ir.range_(max(x.arg[0] for x in _every_range(k)) + 1, n // rows)
+    stores = []
+    for u in range(rows):
+        memo: dict = {}
+        at = {r: outer * rows + u}
+        stores.extend(Store(s.param, ir.substitute(s.index, at, memo), ir.substitute(s.value, at, memo))
+                      for s in k.stores)
+    return replace(k, loops=k.loops[:-1] + (outer,), stores=tuple(stores),
+                   meta={**k.meta, "reduce_lanes": lanes // rows, "upcast_rows": rows})
+
+
 STASH_MIN_COST = 3  # loads + ALU ops (a transcendental counts 8) a recomputed row value must cost to be stashed
 STASH_MAX_BYTES = 32 << 10  # one local array (a row), on the stack of the thread running the row
 STASH_TOTAL_BYTES = 64 << 10
@@ -604,8 +648,9 @@ def tile_gemm(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Kern
     return replace(k, parallel=0, vector=False, meta={**k.meta, "gemm": GemmTile(c, mr, nr, nc, kc, partial, direct)})
 
 
+# the optional host passes, by the names DISABLED takes
 PASS_NAMES = frozenset({"gemm", "column_block", "block_vector_reduce", "stash_row_values", "split_divmod_loops",
-                        "unroll_reduce", "transpose"})  # the optional host passes, by the names DISABLED takes
+                        "unroll_reduce", "upcast_rows", "transpose"})
 DISABLED: set[str] = set()  # names of optional host passes switched off (tests compare outputs with and without)
 
 
@@ -620,7 +665,7 @@ def search_space(k: Kernel, info: DeviceInfo) -> dict[str, tuple[int, ...]]:
         return {}
     space = {"interchange_tile": INTERCHANGE_TILES, "column_block": COLUMN_BLOCKS,
              "row_block": (4, 8, 16), "vector_tile": (32, 64, 128), "collapse": (1, 2), "stash": (0, 1),
-             "reduce_lanes": (REDUCE_LANES, 1, 16, 32, 128)}
+             "reduce_lanes": (REDUCE_LANES, 1, 16, 32, 128), "upcast_rows": (UPCAST_ROWS, 1, 2, 8)}
     if "transpose" not in DISABLED and _transpose_axes(merge_loops(drop_unit_loops(k))) is not None:
         space["transpose_tile"] = (*TRANSPOSE_TILES, 128, 0)
     if "gemm" not in DISABLED:
@@ -660,5 +705,7 @@ def optimize(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Kerne
             part = block_vector_reduce(part, p.get("row_block"), p.get("vector_tile"))
         if "stash_row_values" not in DISABLED and p.get("stash", 1):
             part = stash_row_values(part)
+        if "upcast_rows" not in DISABLED:  # last: it leaves kernels with stashed row values alone
+            part = upcast_rows(part, p.get("upcast_rows"))
         parts.append(part)
     return replace(parts[0], then=tuple(parts[1:]))

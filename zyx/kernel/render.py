@@ -35,6 +35,7 @@ class CStyleRenderer:
     index_type = "long long"
     restrict = "__restrict__"
     sum_block = 256  # elements per float partial sum of a long float32 reduction
+    lane_depth = 32  # with ``reduce_lanes``, elements each lane adds per block: blocks of lanes * lane_depth
     math_fns: dict[tuple[str, str], str] = {}
     supports_f64 = True
 
@@ -348,51 +349,62 @@ class CRenderer(CStyleRenderer):
 
         def emit_reduce(red: Reduce, ind: str) -> None:
             if red.vec is not None:
+                assert not red.siblings, "vector reduces never share loops"
                 emit_vector_reduce(red, ind)
                 return
-            e = red.expr
-            op = e.arg[0]
             for x in walk(red.loop.body):  # the local arrays this reduce fills, one row per iteration outside it
                 if not isinstance(x, (Reduce, Store, ScanInit)) and x.op is Ops.STASH:
                     lines.append(f"{ind}{self.reg_type(x.dtype)} zloc{x.arg}[{x.srcs[1].arg[1]}];")
-            acc = fresh("acc")
-            at = self.acc_type(e, k)
-            ident = self.identity(op, e, at)
-            nan = self.tracks_nan(e)
-            # long float sums: float partial sums over blocks (vectorized), accumulated in double
-            blocked = at == "double" and e.dtype is not dtypes.float64 and op is Ops.ADD and len(e.arg[1]) == 1
-            lines.append(f"{ind}{at} {acc} = {ident};")
-            if nan:
-                lines.append(f"{ind}int {acc}_nan = 0;")
+            members, kinds = [], set()
+            for e in red.exprs:
+                acc, at = fresh("acc"), self.acc_type(e, k)
+                nan = self.tracks_nan(e)
+                # long float sums: float partial sums over blocks (vectorized), accumulated in double
+                kinds.add(at == "double" and e.dtype is not dtypes.float64 and e.arg[0] is Ops.ADD
+                          and len(e.arg[1]) == 1)
+                lines.append(f"{ind}{at} {acc} = {self.identity(e.arg[0], e, at)};")
+                if nan:
+                    lines.append(f"{ind}int {acc}_nan = 0;")
+                members.append((e, acc, at, nan))
+            assert len(kinds) == 1, "reduces sharing loops accumulate alike"
+            blocked = kinds.pop()
             n = red.loop.range.arg[1]
             if red.split:
-                lines.append(f"{ind}{at} {acc}_part[256]; int {acc}_nt = 1;")
-                if nan:
-                    lines.append(f"{ind}int {acc}_nanp[256];")
-                lines.append(f"{ind}#pragma omp parallel num_threads(zyx_threads(256))")
-                lines.append(f"{ind}{{")
-                i2 = ind + "  "
-                lines.append(f"{i2}const int tid = omp_get_thread_num(), nt = omp_get_num_threads();")
-                lines.append(f"{i2}const long long lo = ({n}LL * tid) / nt, hi = ({n}LL * (tid + 1)) / nt;")
-                lines.append(f"{i2}{at} {acc} = {ident};")
-                if nan:
-                    lines.append(f"{i2}int {acc}_nan = 0;")
-                reduce_loop(red, i2, "lo", "hi", acc, nan, blocked)
-                lines.append(f"{i2}{acc}_part[tid] = {acc}; {acc}_nt = nt;")
-                if nan:
-                    lines.append(f"{i2}{acc}_nanp[tid] = {acc}_nan;")
-                lines.append(f"{ind}}}")
-                lines.append(f"{ind}for (int t = 0; t < {acc}_nt; t++) {{")
-                comb = self.update(op, acc, f"{acc}_part[t]", e.dtype).split(";")[0] + ";"
-                lines.append(f"{ind}  {comb}" + (f" {acc}_nan |= {acc}_nanp[t];" if nan else ""))
-                lines.append(f"{ind}}}")
+                assert not red.siblings, "a split reduce is a kernel's only reduce"
+                emit_split_reduce(red, ind, members[0], blocked)
             else:
-                reduce_loop(red, ind, "0", str(n), acc, nan, blocked)
-            fin = self.nan_result(acc, at) if nan else acc
-            nm = fresh("v")
-            rt = self.reg_type(e.dtype)
-            lines.append(f"{ind}const {rt} {nm} = ({rt})({fin});")
-            name[e] = nm
+                reduce_loop(red, ind, "0", str(n), [(e, acc, nan) for e, acc, _, nan in members], blocked)
+            for e, acc, at, nan in members:
+                fin = self.nan_result(acc, at) if nan else acc
+                nm = fresh("v")
+                rt = self.reg_type(e.dtype)
+                lines.append(f"{ind}const {rt} {nm} = ({rt})({fin});")
+                name[e] = nm
+
+        def emit_split_reduce(red: Reduce, ind: str, member: tuple, blocked: bool) -> None:
+            """A root reduce split across threads: per-thread partials in ``acc_part``, combined after."""
+            e, acc, at, nan = member
+            op, n, ident = e.arg[0], red.loop.range.arg[1], self.identity(e.arg[0], e, at)
+            lines.append(f"{ind}{at} {acc}_part[256]; int {acc}_nt = 1;")
+            if nan:
+                lines.append(f"{ind}int {acc}_nanp[256];")
+            lines.append(f"{ind}#pragma omp parallel num_threads(zyx_threads(256))")
+            lines.append(f"{ind}{{")
+            i2 = ind + "  "
+            lines.append(f"{i2}const int tid = omp_get_thread_num(), nt = omp_get_num_threads();")
+            lines.append(f"{i2}const long long lo = ({n}LL * tid) / nt, hi = ({n}LL * (tid + 1)) / nt;")
+            lines.append(f"{i2}{at} {acc} = {ident};")
+            if nan:
+                lines.append(f"{i2}int {acc}_nan = 0;")
+            reduce_loop(red, i2, "lo", "hi", [(e, acc, nan)], blocked)
+            lines.append(f"{i2}{acc}_part[tid] = {acc}; {acc}_nt = nt;")
+            if nan:
+                lines.append(f"{i2}{acc}_nanp[tid] = {acc}_nan;")
+            lines.append(f"{ind}}}")
+            lines.append(f"{ind}for (int t = 0; t < {acc}_nt; t++) {{")
+            comb = self.update(op, acc, f"{acc}_part[t]", e.dtype).split(";")[0] + ";"
+            lines.append(f"{ind}  {comb}" + (f" {acc}_nan |= {acc}_nanp[t];" if nan else ""))
+            lines.append(f"{ind}}}")
 
         def emit_vector_reduce(red: Reduce, ind: str) -> None:
             """One accumulator per iteration of ``red.vec``, which runs innermost (vectorized) inside the reduce
@@ -443,49 +455,66 @@ class CRenderer(CStyleRenderer):
 
         bounds: dict[Loop, tuple[str, str]] = {}  # loops rendered over other bounds than 0 .. size
 
-        def reduce_loop(red: Reduce, ind: str, lo: str, hi: str, acc: str, nan: bool, blocked: bool) -> None:
-            e, loop = red.expr, red.loop
+        def reduce_loop(red: Reduce, ind: str, lo: str, hi: str, members: list[tuple[Expr, str, bool]],
+                        blocked: bool) -> None:
+            """The loops of ``red``, accumulating each (expr, accumulator, tracks NaN) of ``members``."""
+            loop = red.loop
             r = rng(loop.range)
             if not blocked:
-                acc_name[e] = acc
-                reds = [(_OMP_RED[e.arg[0]], acc)] + ([("|", f"{acc}_nan")] if nan else [])
+                reds = []
+                for e, acc, nan in members:
+                    acc_name[e] = acc
+                    reds += [(_OMP_RED[e.arg[0]], acc)] + ([("|", f"{acc}_nan")] if nan else [])
                 lines.extend(ind + h for h in self.pragmas(loop, reds))
                 lines.append(f"{ind}for ({self.index_type} {r} = {lo}; {r} < {hi}; {r}++) {{")
                 emit_block(loop.body, ind + "  ")
                 lines.append(f"{ind}}}")
                 return
-            part = f"{acc}_b"
-            float_partials.add(e)
-            b = self.sum_block
+            parts = [(e, acc, f"{acc}_b") for e, acc, _ in members]
+            float_partials.update(e for e, _, _ in members)
             it = self.index_type
             lanes = k.meta.get("reduce_lanes", 0)
-            if lanes > 1 and not (lo.isdigit() and hi.isdigit() and (int(hi) - int(lo)) % lanes == 0 and
-                                  b % lanes == 0):
+            if lanes > 1 and not (lo.isdigit() and hi.isdigit() and (int(hi) - int(lo)) % lanes == 0):
                 lanes = 0  # the lanes must tile every block exactly
-            lines.append(f"{ind}for ({it} {r}_b = {lo}; {r}_b < {hi}; {r}_b += {b}) {{")
+            # with lanes, each lane adds ``lane_depth`` elements per block: a block's lane sum and its add into
+            # the wide accumulator (~50 cycles) cost 20% of a row sum's time at blocks of 256
+            b = lanes * self.lane_depth if lanes > 1 else self.sum_block
+            if lanes > 1 and int(hi) - int(lo) <= b:
+                lines.append(f"{ind}{{")
+                lines.append(f"{ind}  const {it} {r}_b = {lo}, {r}_e = {hi};")
+            else:
+                lines.append(f"{ind}for ({it} {r}_b = {lo}; {r}_b < {hi}; {r}_b += {b}) {{")
+                lines.append(f"{ind}  const {it} {r}_e = {r}_b + {b} < {hi} ? {r}_b + {b} : {hi};")
             i2 = ind + "  "
-            lines.append(f"{i2}const {it} {r}_e = {r}_b + {b} < {hi} ? {r}_b + {b} : {hi};")
-            lines.append(f"{i2}float {part} = 0.0f;")
+            for _, _, part in parts:
+                lines.append(f"{i2}float {part} = 0.0f;")
             if lanes > 1:  # ``opt.unroll_reduce``: ``lanes`` independent partial sums, then their sum
-                acc_name[e] = f"{part}_t[{r} - {r}_o]"
                 i3 = i2 + "  "
-                lines.append(f"{i2}float {part}_t[{lanes}];")
-                lines.append(f"{i2}for (int t = 0; t < {lanes}; t++) {{ {part}_t[t] = 0.0f; }}")
+                for e, _, part in parts:
+                    acc_name[e] = f"{part}_t[{r}_l]"
+                    lines.append(f"{i2}float {part}_t[{lanes}];")
+                    lines.append(f"{i2}for (int t = 0; t < {lanes}; t++) {{ {part}_t[t] = 0.0f; }}")
                 lines.append(f"{i2}for ({it} {r}_o = {r}_b; {r}_o < {r}_e; {r}_o += {lanes}) {{")
                 lines.append(f"{i3}#pragma omp simd")
-                lines.append(f"{i3}for ({it} {r} = {r}_o; {r} < {r}_o + {lanes}; {r}++) {{")
+                # a lane counter with a constant trip count (``r_o + lanes`` may wrap under -fwrapv, which
+                # kept GCC from holding the lanes in registers)
+                lines.append(f"{i3}for (int {r}_l = 0; {r}_l < {lanes}; {r}_l++) {{")
+                lines.append(f"{i3}  const {it} {r} = {r}_o + {r}_l;")
                 emit_block(loop.body, i3 + "  ")
                 lines.append(f"{i3}}}")
                 lines.append(f"{i2}}}")
-                lines.append(f"{i2}#pragma omp simd reduction(+:{part})")
-                lines.append(f"{i2}for (int t = 0; t < {lanes}; t++) {{ {part} += {part}_t[t]; }}")
+                for _, _, part in parts:
+                    lines.append(f"{i2}#pragma omp simd reduction(+:{part})")
+                    lines.append(f"{i2}for (int t = 0; t < {lanes}; t++) {{ {part} += {part}_t[t]; }}")
             else:
-                acc_name[e] = part
-                lines.extend(i2 + h for h in self.pragmas(loop, [("+", part)]))
+                for e, _, part in parts:
+                    acc_name[e] = part
+                lines.extend(i2 + h for h in self.pragmas(loop, [("+", part) for _, _, part in parts]))
                 lines.append(f"{i2}for ({it} {r} = {r}_b; {r} < {r}_e; {r}++) {{")
                 emit_block(loop.body, i2 + "  ")
                 lines.append(f"{i2}}}")
-            lines.append(f"{i2}{acc} += {part};")
+            for _, acc, part in parts:
+                lines.append(f"{i2}{acc} += {part};")
             lines.append(f"{ind}}}")
 
         def emit_loop(loop: Loop, ind: str, reds: list | None = None) -> None:
