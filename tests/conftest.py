@@ -91,6 +91,25 @@ def passes_off(*names: str):
         schedule.clear_cache()
 
 
+@contextlib.contextmanager
+def gpu_passes_off(*names: str):
+    """Within the block the named optional GPU passes (``zyx.kernel.gpu.DISABLED``) are off; fresh schedules on
+    both sides, as ``passes_off``."""
+    from zyx.graph import schedule
+    from zyx.kernel import gpu
+
+    assert set(names) <= gpu.OPTIONAL_PASSES, f"not optional GPU passes: {set(names) - gpu.OPTIONAL_PASSES}"
+    old = set(gpu.DISABLED)
+    gpu.DISABLED.update(names)
+    schedule.clear_cache()
+    try:
+        yield
+    finally:
+        gpu.DISABLED.clear()
+        gpu.DISABLED.update(old)
+        schedule.clear_cache()
+
+
 def kernels_of(*tensors: zyx.Tensor) -> list:
     """The kernel IRs the host compiles to realize ``tensors`` (with the schedule cache cleared first)."""
     from zyx import utils

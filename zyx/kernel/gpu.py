@@ -1,7 +1,13 @@
 """GPU launch geometry: map a kernel's output loops and reductions onto a CUDA grid of thread blocks.
 
-``optimize(kernel, info)`` normalizes the loops (``opt.drop_unit_loops`` + ``opt.merge_loops``), decides a
-``Geometry`` and returns the kernel with it attached as ``kernel.meta["gpu"]``; ``render_cuda`` follows it.
+``optimize(kernel, info)`` runs the GPU passes (``GPU_PASSES``), each a function from kernel to kernel: ``normalize``
+(unit loops dropped, host annotations cleared), ``split_segments`` (cat's pieces as ``Kernel.then``), ``merge_loops``,
+``order_reduce_ranges``, ``order_output_loops`` (loop order, below), ``choose_layout`` (the strategy, the split of
+the loops between work items, group lanes and serial loops, the block), ``vectorize`` (outputs per thread of the
+``thread`` layout), ``size_grid`` (the grid; one block for all segments) and ``widen_accumulators``. The launch is
+the kernel's ``launch`` field (a ``Geometry``, part of the kernel's identity), not a side table; ``render_cuda``
+follows it. The passes in ``OPTIONAL_PASSES`` change only speed, and tests run with each switched off
+(``DISABLED``).
 
 Terms (``linearize`` places every statement in the block of the innermost loop it depends on):
 
@@ -99,17 +105,16 @@ Invariants:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from zyx import dtypes
+from zyx import dtypes, utils
 from zyx.kernel import contraction, ir, opt
 from zyx.kernel.ir import Expr, Kernel, Store
 from zyx.kernel.linearize import Block, Loop, Reduce, linearize
 from zyx.kernel.target import DeviceInfo
 from zyx.ops import Ops
 
-META_KEY = "gpu"
 WARP = 32  # threads per warp on every CUDA GPU; the renderer's shuffles assume it
 THREADS_PER_BLOCK = 256  # elementwise (thread strategy) block size
 WARP_GROUPS_PER_BLOCK = 8  # warps (groups of 32) per block in warp mode
@@ -223,7 +228,6 @@ class Geometry:
     items: int  # work items: threads ("thread"), outputs ("columns"), block tiles ("mma") or groups ("group")
     group_threads: int  # threads per group (1 for "thread"; TY, the threads sharing one output, for "columns")
     groups_per_block: int
-    grid: tuple[int, int, int]
     block: tuple[int, int, int]
     contraction: Contraction | None = None  # for "mma": the matched reduce
     tile: MmaTile | None = None  # for "mma": the block / warp tiling
@@ -232,6 +236,14 @@ class Geometry:
     vector: int = 1  # for "thread": consecutive outputs per thread along the innermost loop (``plan_vector``)
     vector_loads: frozenset[Expr] = frozenset()  # loads read as 16-byte (or narrower) vectors when ``vector > 1``
     vector_stores: frozenset[int] = frozenset()  # indices into ``kernel.stores`` written as vectors
+    grid: tuple[int, int, int] | None = None  # blocks to launch; None until the ``size_grid`` pass
+
+    @property
+    def per_block(self) -> int:
+        """Work items per block: the grid is ``ceil(items / per_block)`` blocks, capped."""
+        if self.strategy == "mma":
+            return 1
+        return self.block[1] if self.strategy == "group" else self.block[0]
 
     @property
     def block_threads(self) -> int:
@@ -396,23 +408,21 @@ def _grid(items: int, per_block: int, info: DeviceInfo) -> tuple[int, int, int]:
     return (min(blocks, info.max_global_work[0]), 1, 1)
 
 
-def _thread_geometry(k: Kernel, info: DeviceInfo, per_block: int = THREADS_PER_BLOCK,
-                     vector: int | None = 0) -> Geometry:
-    """One thread per iteration of the output loops (but a scan's), or per ``vector`` consecutive iterations of
-    the innermost one when ``plan_vector(k, info, vector)`` vectorizes (``vector``: the ``vector`` parameter; 0,
-    the default here, is off: reduce kernels on this layout never vectorize)."""
+def _thread_block(items: int, per_block: int, info: DeviceInfo) -> tuple[int, int, int]:
+    """The ``thread`` layout's block: ``per_block`` (the ``threads`` parameter) rounded down to whole warps and to
+    the device's limit, fewer (whole warps) for fewer work items."""
+    per_block = max(WARP, min(per_block, max(info.max_local_threads, WARP)) // WARP * WARP)
+    return (min(per_block, max(WARP, -(-items // WARP) * WARP)), 1, 1)
+
+
+def _thread_geometry(k: Kernel, info: DeviceInfo, per_block: int = THREADS_PER_BLOCK) -> Geometry:
+    """One thread per iteration of the output loops (but a scan's, which runs serially in each thread); the
+    ``vectorize`` pass may then give each thread several consecutive iterations of the innermost one."""
     n = len(k.loops)
     if k.scan_ranges():
         n -= 1  # the scan's loop (innermost) runs serially in each thread
-    width, loads, stores = plan_vector(k, info, vector)
     items = math.prod(r.arg[1] for r in k.loops[:n])
-    if width > 1:
-        size = k.loops[-1].arg[1]
-        items = items // size * -(-size // width)
-    per_block = max(WARP, min(per_block, max(info.max_local_threads, WARP)) // WARP * WARP)
-    threads = min(per_block, max(WARP, -(-items // WARP) * WARP))
-    return Geometry("thread", n, n, items, 1, 1, _grid(items, threads, info), (threads, 1, 1),
-                    vector=width, vector_loads=loads, vector_stores=stores)
+    return Geometry("thread", n, n, items, 1, 1, _thread_block(items, per_block, info))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -523,7 +533,7 @@ def _group_geometry(root: Block, s: int, info: DeviceInfo, elems: int = ELEMS_PE
     work = max([loop_size(c[:flatten_count(c)]) for c in chains] + [loop_size(loops[s:flat])])
     g = _group_threads(work, items, info, elems)
     w = max(1, min(warps, items, max(info.max_local_threads, WARP) // WARP)) if g == WARP else 1
-    return Geometry("group", s, flat, items, g, w, _grid(items, w, info), (g, w, 1))
+    return Geometry("group", s, flat, items, g, w, (g, w, 1))
 
 
 def _columns_tx(items: int) -> int:
@@ -551,7 +561,7 @@ def _columns_geometry(root: Block, info: DeviceInfo, elems: int = ELEMS_PER_THRE
         ty //= 2
     if len(reds) * tx * ty * per_thread_cell > info.local_memory_bytes:
         return None
-    return Geometry("columns", n, n, items, ty, tx, _grid(items, tx, info), (tx, ty, 1))
+    return Geometry("columns", n, n, items, ty, tx, (tx, ty, 1))
 
 
 def _columns_pay(root: Block, cols: Geometry) -> bool:
@@ -645,7 +655,7 @@ def _mma_geometry(k: Kernel, info: DeviceInfo, tile: int | None = None, stages: 
     t = MMA_TILES[tile]
     items = blocks(t)
     n = len(k.loops)
-    return Geometry("mma", n, n, items, WARP, t.warps, _grid(items, 1, info), (WARP, t.warps, 1), c, t,
+    return Geometry("mma", n, n, items, WARP, t.warps, (WARP, t.warps, 1), c, t,
                     stages=stages, ldmatrix=ldmatrix != 0 and mma_ldmatrix_applies(c))
 
 
@@ -707,7 +717,7 @@ def _choices(k: Kernel, info: DeviceInfo, root: Block, params: Params) -> tuple[
             raise NotImplementedError(f"kernel {k.name}: a scan kernel holds no reduce (fusion stores it first)")
         return "thread", {"thread": _thread_geometry(k, info, threads)}
     if not depths:
-        return "thread", {"thread": _thread_geometry(k, info, threads, params.get("vector"))}
+        return "thread", {"thread": _thread_geometry(k, info, threads)}
     legal: dict[str, Geometry] = {}
     mma = _mma_geometry(k, info, params.get("mma_tile"), params.get("mma_stages"), params.get("mma_ldmatrix"))
     if mma is not None:
@@ -853,47 +863,131 @@ def needs_wide_acc(root: Block, geom: Geometry) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# entry points
+# the pass pipeline: each pass maps a kernel to a kernel; the launch is the ``Kernel.launch`` they build
 
 
-def _segments(k: Kernel, info: DeviceInfo, threads: int = THREADS_PER_BLOCK,
-              vector: int | None = None) -> Kernel | None:
-    """A kernel without reduces or scans whose loop ``opt.split_segments`` splits (cat's pieces, pad's bounds):
-    one grid-stride loop per segment in one launch, all with the same block (the largest any segment wants);
-    each segment vectorizes on its own (``plan_vector``)."""
+Pass = Callable[[Kernel, DeviceInfo, Params], Kernel]
+
+
+def _each_part(fn: Callable[[Kernel], Kernel]) -> Callable[[Kernel], Kernel]:
+    """Apply ``fn`` to a kernel and to each of its ``then`` segments."""
+    def apply(k: Kernel) -> Kernel:
+        parts = [fn(x) for x in (k, *k.then)]
+        return replace(parts[0], then=tuple(parts[1:]))
+    return apply
+
+
+def normalize(k: Kernel, info: DeviceInfo, p: Params) -> Kernel:
+    """Drop unit loops; host annotations (parallel loops, SIMD, split or vector accumulators, segments) and any
+    earlier launch do not apply: a fresh kernel for the GPU passes."""
+    k = opt.drop_unit_loops(k)
+    return replace(k, parallel=0, vector=False, split_reduce=False, wide_acc=False, meta={}, then=(), launch=None)
+
+
+def split_segments(k: Kernel, info: DeviceInfo, p: Params) -> Kernel:
+    """A kernel without reduces or scans whose loop ``opt.split_segments`` splits (cat's pieces, pad's bounds)
+    becomes one loop nest per segment (``Kernel.then``), each normalized: one grid-stride loop per segment in
+    one launch, each vectorized on its own."""
     if k.reduces() or k.scan_ranges():
-        return None
+        return k
     parts = opt.split_segments(k)
     if len(parts) == 1:
-        return None
-    parts = [replace(opt.merge_loops(opt.drop_unit_loops(p)), meta={}) for p in parts]
-    geoms = [_thread_geometry(p, info, threads, vector) for p in parts]
-    block = max(g.block for g in geoms)
-    for p, g in zip(parts, geoms):
-        p.meta[META_KEY] = replace(g, block=block, grid=_grid(g.items, block[0], info))
+        return k
+    parts = [replace(opt.merge_loops(opt.drop_unit_loops(x)), meta={}) for x in parts]
     return replace(parts[0], then=tuple(parts[1:]))
 
 
-def _normalize(k: Kernel) -> Kernel:
-    k = opt.drop_unit_loops(k)
-    # host annotations (parallel loops, SIMD, split or vector accumulators) do not apply: a fresh meta dict
-    return replace(k, parallel=0, vector=False, split_reduce=False, wide_acc=False, meta={}, then=())
+def merge_loops(k: Kernel, info: DeviceInfo, p: Params) -> Kernel:
+    """``opt.merge_loops`` on each segment: adjacent output loops that index every buffer as one become one."""
+    return _each_part(opt.merge_loops)(k)
 
 
-def optimize(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Kernel:
-    """Normalize loops, choose the geometry, attach it as ``meta["gpu"]`` (and set ``wide_acc`` if needed).
-    ``params`` (names from ``search_space``; a missing name takes the heuristic's choice) override the
-    heuristics; every candidate computes the same values up to the order of a reduce's terms."""
+def order_reduce_ranges_pass(k: Kernel, info: DeviceInfo, p: Params) -> Kernel:
+    """``order_reduce_ranges`` on each segment."""
+    return _each_part(order_reduce_ranges)(k)
+
+
+def order_output_loops_pass(k: Kernel, info: DeviceInfo, p: Params) -> Kernel:
+    """``order_output_loops`` on each segment."""
+    return _each_part(order_output_loops)(k)
+
+
+def choose_layout(k: Kernel, info: DeviceInfo, p: Params) -> Kernel:
+    """Attach ``Kernel.launch``: the strategy (``plan``) with its split of the loops, work items and block (the
+    ``thread`` layout scalar, the grid not yet sized)."""
+    return _each_part(lambda x: replace(x, launch=plan(x, info, p)))(k)
+
+
+def vectorize(k: Kernel, info: DeviceInfo, p: Params) -> Kernel:
+    """In the ``thread`` layout of a kernel without reduces or scans, ``vector`` consecutive outputs of the
+    innermost loop per thread (``plan_vector``; the ``vector`` parameter): fewer work items, a block resized to
+    them, the provably aligned loads and stores marked as vector accesses."""
+    threads = p.get("threads", THREADS_PER_BLOCK)
+
+    def apply(x: Kernel) -> Kernel:
+        g = geometry(x, sized=False)
+        if g.strategy != "thread":
+            return x
+        width, loads, stores = plan_vector(x, info, p.get("vector"))
+        if width == 1:
+            return x
+        size = x.loops[-1].arg[1]
+        items = g.items // size * -(-size // width)
+        return replace(x, launch=replace(g, items=items, block=_thread_block(items, threads, info), vector=width,
+                                         vector_loads=loads, vector_stores=stores))
+    return _each_part(apply)(k)
+
+
+def size_grid(k: Kernel, info: DeviceInfo, p: Params) -> Kernel:
+    """The grid: ``ceil(items / per_block)`` blocks, capped at the device's limit (a grid-stride loop covers the
+    rest). Segments share one block, the largest any of them wants (the block is baked into the source)."""
+    parts = (k, *k.then)
+    geoms = [geometry(x, sized=False) for x in parts]
+    if len(parts) > 1:
+        block = max(g.block for g in geoms)
+        geoms = [replace(g, block=block) for g in geoms]
+    sized = [replace(x, launch=replace(g, grid=_grid(g.items, g.per_block, info))) for x, g in zip(parts, geoms)]
+    return replace(sized[0], then=tuple(sized[1:]))
+
+
+def widen_accumulators(k: Kernel, info: DeviceInfo, p: Params) -> Kernel:
+    """``wide_acc`` (float32 sums accumulated in double) when some thread adds ``opt.WIDE_ACC_MIN`` or more
+    float32 terms in sequence under the launch; tensor cores (``mma``) accumulate in float32 as they are."""
+    g = geometry(k)
+    if g.strategy == "mma" or not needs_wide_acc(linearize(k), g):
+        return k
+    return replace(k, wide_acc=True)
+
+
+GPU_PASSES: tuple[tuple[str, Pass], ...] = (
+    ("normalize", normalize), ("split_segments", split_segments), ("merge_loops", merge_loops),
+    ("order_reduce_ranges", order_reduce_ranges_pass), ("order_output_loops", order_output_loops_pass),
+    ("choose_layout", choose_layout), ("vectorize", vectorize), ("size_grid", size_grid),
+    ("widen_accumulators", widen_accumulators))
+PASS_NAMES = tuple(name for name, _ in GPU_PASSES)
+# passes that only change speed: tests switch them off (``DISABLED``) and compare results
+OPTIONAL_PASSES = frozenset({"split_segments", "merge_loops", "order_reduce_ranges", "order_output_loops",
+                             "vectorize"})
+DISABLED: set[str] = set()
+
+
+def optimize(k: Kernel, info: DeviceInfo, params: Params | None = None, until: str | None = None) -> Kernel:
+    """Run ``GPU_PASSES`` in order (those in ``DISABLED`` skipped): the result carries its complete launch in
+    ``Kernel.launch`` (and ``wide_acc`` if needed). ``params`` (names from ``search_space``; a missing name takes
+    the heuristic's choice) override the heuristics; every candidate computes the same values up to the order
+    of a reduce's terms. ``until`` stops after the named pass (a partial launch). ``ZYX_DEBUG=ir`` logs each
+    pass that changes the kernel."""
+    assert DISABLED <= OPTIONAL_PASSES, f"only {sorted(OPTIONAL_PASSES)} may be disabled, not {sorted(DISABLED)}"
     p = params or {}
-    k = _normalize(k)
-    seg = _segments(k, info, p.get("threads", THREADS_PER_BLOCK), p.get("vector"))
-    if seg is not None:
-        return seg
-    k = order_output_loops(order_reduce_ranges(opt.merge_loops(k)))
-    geom = plan(k, info, p)
-    k.meta[META_KEY] = geom
-    if geom.strategy != "mma" and needs_wide_acc(linearize(k), geom):  # tensor cores accumulate in float32
-        k = replace(k, wide_acc=True)  # the meta dict (with the geometry) is shared, which is fine: same loops
+    for name, fn in GPU_PASSES:
+        if name not in DISABLED:
+            out = fn(k, info, p)
+            if out is not k and utils.debug_on("ir"):
+                utils.log("ir", f"gpu pass {name}: {k.name} loops={[r.arg[1] for r in out.loops]} "
+                                f"segments={len(out.then) + 1} launch={out.launch}")
+            k = out
+        if name == until:
+            break
     return k
 
 
@@ -910,15 +1004,13 @@ def search_space(k: Kernel, info: DeviceInfo) -> dict[str, tuple[int, ...]]:
     p: dict[str, tuple[int, ...]] = {}
     limit = max(info.max_local_threads, WARP)
     threads = tuple(t for t in THREADS_CHOICES if t <= limit)
-    k = _normalize(k)
-    seg = _segments(k, info)
-    if seg is not None:
+    k = optimize(k, info, {}, until="order_output_loops")
+    if k.then:
         p["threads"] = threads
-        parts = (seg, *seg.then)
+        parts = (k, *k.then)
         if any(plan_vector(x, info, 1)[0] > 1 for x in parts):
-            p["vector"] = (1, 0) if any(geometry(x).vector > 1 for x in parts) else (0, 1)
+            p["vector"] = (1, 0) if any(plan_vector(x, info)[0] > 1 for x in parts) else (0, 1)
         return p
-    k = order_output_loops(order_reduce_ranges(opt.merge_loops(k)))
     chosen, legal = _choices(k, info, linearize(k), {})
     if len(legal) > 1:
         order = [chosen] + [s for s in STRATEGIES if s in legal and s != chosen]
@@ -926,7 +1018,7 @@ def search_space(k: Kernel, info: DeviceInfo) -> dict[str, tuple[int, ...]]:
     if "thread" in legal:
         p["threads"] = threads
         if plan_vector(k, info, 1)[0] > 1:  # vectorization is provable: on / off, the heuristic's first
-            p["vector"] = (1, 0) if legal["thread"].vector > 1 else (0, 1)
+            p["vector"] = (1, 0) if plan_vector(k, info)[0] > 1 else (0, 1)
     if "group" in legal or "columns" in legal:
         p["elems_per_thread"] = ELEMS_CHOICES
     if "group" in legal:
@@ -942,15 +1034,17 @@ def search_space(k: Kernel, info: DeviceInfo) -> dict[str, tuple[int, ...]]:
     return p
 
 
-def geometry(k: Kernel) -> Geometry:
-    """The geometry ``optimize`` attached; a clear error when the kernel did not go through it."""
-    geom = k.meta.get(META_KEY)
-    if not isinstance(geom, Geometry):
-        raise ValueError(f"kernel {k.name} has no GPU geometry: pass it through zyx.kernel.gpu.optimize first")
+def geometry(k: Kernel, sized: bool = True) -> Geometry:
+    """The launch ``optimize`` built (``Kernel.launch``); a clear error when the kernel did not go through it (or,
+    with ``sized``, stopped before ``size_grid``)."""
+    geom = k.launch
+    if not isinstance(geom, Geometry) or (sized and geom.grid is None):
+        raise ValueError(f"kernel {k.name} has no {'sized ' if sized else ''}GPU launch: pass it through "
+                         "zyx.kernel.gpu.optimize first")
     return geom
 
 
-__all__ = ["Contraction", "Geometry", "META_KEY", "MMA_TILES", "MmaTile", "access_sectors", "coalesced_across",
+__all__ = ["Contraction", "GPU_PASSES", "Geometry", "MMA_TILES", "MmaTile", "access_sectors", "coalesced_across",
            "find_contraction", "flatten_count", "geometry", "lane_strides", "mma_fill_order", "mma_k", "mma_pack",
            "MMA_STAGES", "mma_ldmatrix_applies", "mma_swizzle", "mma_swizzled", "mma_tiles", "mma_vector",
            "mma_vector_fill",

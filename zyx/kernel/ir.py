@@ -24,10 +24,14 @@ import hashlib
 import math
 import weakref
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from zyx import dtypes
 from zyx.dtypes import DType
 from zyx.ops import COMPARE, REDUCE_OPS, SCAN_OPS, Ops
+
+if TYPE_CHECKING:
+    from zyx.kernel.gpu import Geometry
 
 index_dtype = dtypes.int64
 
@@ -585,6 +589,8 @@ class Kernel:
     ``then`` holds the other segments of a kernel whose loop was split (``opt.split_segments``): each is a
     complete loop nest over the same params. ``parallel`` is how many outer loops the target may run in
     parallel; ``vector`` marks the innermost loop as free of loop-carried dependencies (safe to vectorize).
+    ``launch`` is the GPU launch (``gpu.Geometry``: strategy, split of the loops, block, grid) that the GPU
+    passes build (``gpu.optimize``); part of the kernel's identity, None until then and on the host.
     Optimizations return new kernels.
     """
 
@@ -598,6 +604,7 @@ class Kernel:
     split_reduce: bool = False  # run the single root reduce across threads (no output loops)
     meta: dict = field(default_factory=dict, compare=False, hash=False)
     then: tuple[Kernel, ...] = ()  # further loop nests over the same params, run after this one in one launch
+    launch: Geometry | None = None
 
     @property
     def size(self) -> int:
