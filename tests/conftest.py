@@ -73,41 +73,35 @@ def host_without_blas():
 
 
 @contextlib.contextmanager
-def passes_off(*names: str):
-    """Within the block the named host passes (``zyx.kernel.opt.DISABLED``) are off; fresh schedules on both
-    sides (cached plans hold the programs compiled with the passes on)."""
+def _switched_off(disabled: set, known, names: tuple[str, ...], what: str):
+    """Within the block ``names`` are in ``disabled`` (a pass pipeline's set of skipped passes); fresh schedules on
+    both sides (cached plans hold the programs compiled with the passes on)."""
     from zyx.graph import schedule
+
+    assert set(names) <= set(known), f"unknown {what}: {set(names) - set(known)}"
+    old = set(disabled)
+    disabled.update(names)
+    schedule.clear_cache()
+    try:
+        yield
+    finally:
+        disabled.clear()
+        disabled.update(old)
+        schedule.clear_cache()
+
+
+def passes_off(*names: str):
+    """Within the block the named host passes (``zyx.kernel.opt.DISABLED``) are off."""
     from zyx.kernel import opt
 
-    assert set(names) <= opt.PASS_NAMES, f"unknown pass names {set(names) - opt.PASS_NAMES}"
-    old = set(opt.DISABLED)
-    opt.DISABLED.update(names)
-    schedule.clear_cache()
-    try:
-        yield
-    finally:
-        opt.DISABLED.clear()
-        opt.DISABLED.update(old)
-        schedule.clear_cache()
+    return _switched_off(opt.DISABLED, opt.PASS_NAMES, names, "host pass names")
 
 
-@contextlib.contextmanager
 def gpu_passes_off(*names: str):
-    """Within the block the named optional GPU passes (``zyx.kernel.gpu.DISABLED``) are off; fresh schedules on
-    both sides, as ``passes_off``."""
-    from zyx.graph import schedule
+    """Within the block the named optional GPU passes (``zyx.kernel.gpu.DISABLED``) are off."""
     from zyx.kernel import gpu
 
-    assert set(names) <= gpu.OPTIONAL_PASSES, f"not optional GPU passes: {set(names) - gpu.OPTIONAL_PASSES}"
-    old = set(gpu.DISABLED)
-    gpu.DISABLED.update(names)
-    schedule.clear_cache()
-    try:
-        yield
-    finally:
-        gpu.DISABLED.clear()
-        gpu.DISABLED.update(old)
-        schedule.clear_cache()
+    return _switched_off(gpu.DISABLED, gpu.OPTIONAL_PASSES, names, "optional GPU passes")
 
 
 def kernels_of(*tensors: zyx.Tensor) -> list:
