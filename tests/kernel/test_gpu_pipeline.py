@@ -204,3 +204,12 @@ def test_fuzz_programs_with_a_pass_off_equal_numpy(name):
         with gpu_passes_off(name):  # heuristic vectorizes big ones, forced on in test_gpu_vector.py) and are
             off = [gpu.optimize(k, INFO) for k in logged]  # reached by the samples above
         assert any(gpu.optimize(k, INFO) != o for k, o in zip(logged, off)), f"no kernel is changed by {name}"
+
+
+def test_debug_ir_logs_each_pass_that_changes_the_kernel(monkeypatch, capsys):
+    monkeypatch.setattr(utils, "DEBUG", utils.FLAGS["ir"])
+    gpu.optimize(KERNELS["elementwise_2d"], INFO)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if "gpu pass" in ln]
+    passes = [ln.split("gpu pass ")[1].split(":")[0] for ln in lines]
+    assert passes == ["merge_loops", "choose_layout", "vectorize", "size_grid"], lines
+    assert "thread items=32768 block=(256, 1, 1) grid=(128, 1, 1) vector=2" in lines[-1]

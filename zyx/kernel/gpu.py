@@ -872,7 +872,10 @@ Pass = Callable[[Kernel, DeviceInfo, Params], Kernel]
 def _each_part(fn: Callable[[Kernel], Kernel]) -> Callable[[Kernel], Kernel]:
     """Apply ``fn`` to a kernel and to each of its ``then`` segments."""
     def apply(k: Kernel) -> Kernel:
-        parts = [fn(x) for x in (k, *k.then)]
+        before = (k, *k.then)
+        parts = [fn(x) for x in before]
+        if all(a is b for a, b in zip(parts, before)):
+            return k
         return replace(parts[0], then=tuple(parts[1:]))
     return apply
 
@@ -982,9 +985,12 @@ def optimize(k: Kernel, info: DeviceInfo, params: Params | None = None, until: s
     for name, fn in GPU_PASSES:
         if name not in DISABLED:
             out = fn(k, info, p)
-            if out is not k and utils.debug_on("ir"):
+            if utils.debug_on("ir") and out != k:
+                g = out.launch
+                launch = "none" if g is None else (f"{g.strategy} items={g.items} block={g.block} grid={g.grid} "
+                                                    f"vector={g.vector}")
                 utils.log("ir", f"gpu pass {name}: {k.name} loops={[r.arg[1] for r in out.loops]} "
-                                f"segments={len(out.then) + 1} launch={out.launch}")
+                                f"segments={len(out.then) + 1} launch: {launch} wide_acc={out.wide_acc}")
             k = out
         if name == until:
             break
