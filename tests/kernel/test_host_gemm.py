@@ -119,7 +119,7 @@ def test_the_register_tile_fits_the_targets_registers(registers, n_vectors, tile
 
 def test_an_avx2_target_gets_a_tile_of_16_registers_and_it_computes_the_same():
     k = _mm_kernel(96, 40, 72)
-    g = opt.optimize(k, AVX2).meta["gemm"]
+    g = opt.optimize(k, AVX2).gemm
     assert (g.mr, g.nr) == (6, 16)
     assert opt.search_space(k, AVX2)["gemm_nr"][:2] == (16, 8)
     xs = _inputs(96, 40, 72, dtypes.float32, False, False, 1)
@@ -129,30 +129,30 @@ def test_an_avx2_target_gets_a_tile_of_16_registers_and_it_computes_the_same():
 
 def test_256_cube_float32_gets_the_register_tile():
     k = opt.optimize(_mm_kernel(256, 256, 256), HOST2)
-    g = k.meta["gemm"]
+    g = k.gemm
     assert (g.mr, g.nr) == (6, 64) and g.kc == 256 and g.direct and not g.partial
-    assert "vector_acc" not in k.meta
+    assert k.vector_acc is None
     src = CRenderer().render(k)
     assert "float zc[6][64];" in src and "ZYX_GEMM_ATTR void" in src
     assert src.count("zc[") >= 6 + 1 and "fmaf(za, zbk[zj]" in src
 
 
 def test_small_and_non_contractions_keep_their_paths():
-    assert "gemm" not in opt.optimize(_mm_kernel(4, 8, 8), HOST2).meta  # too little work
+    assert opt.optimize(_mm_kernel(4, 8, 8), HOST2).gemm is None  # too little work
     i, j = ir.range_(0, 256), ir.range_(1, 256)
     r = ir.range_(2, 256)
     red = ir.reduce(Ops.ADD, ir.load(1, dtypes.float32, i * 65536 + r * 256 + j), (r,))  # a column sum
     k = Kernel("k", (Param("p0", dtypes.float32, "out", 65536), Param("p1", dtypes.float32, "in", 1 << 24)), (i, j),
                (Store(0, i * 256 + j, red),))
-    assert find_contraction(k) is None and "gemm" not in opt.optimize(k, HOST2).meta
+    assert find_contraction(k) is None and opt.optimize(k, HOST2).gemm is None
     with passes_off("gemm"):
-        assert "gemm" not in opt.optimize(_mm_kernel(256, 256, 256), HOST2).meta
+        assert opt.optimize(_mm_kernel(256, 256, 256), HOST2).gemm is None
 
 
 def test_search_space_lists_the_tile_with_the_heuristic_first():
     k = _mm_kernel(256, 256, 256)
     space = opt.search_space(k, HOST2)
-    g = opt.optimize(k, HOST2).meta["gemm"]
+    g = opt.optimize(k, HOST2).gemm
     assert space["gemm_mr"][0] == g.mr and space["gemm_nr"][0] == g.nr and space["gemm_kc"][0] == g.kc
     assert space["gemm_nc"][0] == g.nc
     assert "gemm_mr" not in opt.search_space(_mm_kernel(4, 8, 8), HOST2)
@@ -160,7 +160,7 @@ def test_search_space_lists_the_tile_with_the_heuristic_first():
 
 def test_long_float32_sums_accumulate_in_float64_partials():
     k = opt.optimize(_mm_kernel(16, 4096, 64), HOST2)
-    g = k.meta["gemm"]
+    g = k.gemm
     assert k.wide_acc and g.partial and not g.direct and g.kc == 4096
     assert "double zd[" in CRenderer().render(k)
 
@@ -188,7 +188,7 @@ def test_tiled_matches_untiled_and_numpy(case):
     ref = _reference(xs, ta, tb, epi, d)
     on, ko = _run_kernel(k, xs)
     off, kf = _run_kernel(k, xs, off=True)
-    assert "gemm" in ko.meta and "gemm" not in kf.meta
+    assert ko.gemm is not None and kf.gemm is None
     _check(on, ref, d, kk)
     _check(off, ref, d, kk)
 
@@ -211,7 +211,7 @@ def test_every_search_space_value_computes_the_same(case, monkeypatch):
     for name, values in space.items():
         for v in (*values, *extra[name]):
             out, ko = _run_kernel(k, xs, {name: v})
-            assert "gemm" in ko.meta
+            assert ko.gemm is not None
             _check(out, ref, d, kk)
 
 
@@ -263,10 +263,10 @@ def test_random_contractions_match_numpy(m, kk, n, batch, ta, tb, epi, d, mr, ve
     xs = _inputs(m, kk, n, d, ta, tb, batch, seed=m * n + kk)
     params = {"gemm_mr": mr, "gemm_nr": vecs * 64 // d.itemsize, "gemm_kc": kc}
     out, ko = _run_kernel(k, xs, params)
-    assert ("gemm" in ko.meta) == (opt.gemm_contraction(opt.merge_loops(opt.drop_unit_loops(k))) is not None)
+    assert (ko.gemm is not None) == (opt.gemm_contraction(opt.merge_loops(opt.drop_unit_loops(k))) is not None)
     _check(out, _reference(xs, ta, tb, epi, d), d, kk)
 
 
 def test_fuzz_reaches_the_pass(monkeypatch):
     monkeypatch.setattr(opt, "GEMM_MIN_WORK", 1)
-    assert "gemm" in opt.optimize(_mm_kernel(3, 5, 8), HOST2).meta
+    assert opt.optimize(_mm_kernel(3, 5, 8), HOST2).gemm is not None

@@ -72,16 +72,16 @@ def _col_sum_kernel(rows: int, cols: int, d=dtypes.float32, op=Ops.ADD) -> Kerne
 
 def test_column_sum_takes_wide_blocks_and_register_tiles():
     k = opt.optimize(_col_sum_kernel(4096, 4096), HOST2)
-    vec = k.meta["vector_acc"]
+    vec = k.vector_acc
     assert vec.arg[1] == 2048 and k.loops[0].arg[1] == 2  # one column block per compute unit
-    assert k.meta["vector_block"] == (opt.ROW_BLOCK, opt.VECTOR_TILE)
+    assert k.vector_block == (opt.ROW_BLOCK, opt.VECTOR_TILE)
     src = CRenderer().render(k)
     assert f"+= {opt.ROW_BLOCK})" in src and "acc2_t[64]" in src
 
 
 def test_column_blocks_leave_work_for_every_unit():
     k = opt.optimize(_col_sum_kernel(512, 1024), DeviceInfo("host", "host", compute_units=16))
-    assert k.loops[0].arg[1] >= 16 and k.meta["vector_acc"].arg[1] == 64
+    assert k.loops[0].arg[1] >= 16 and k.vector_acc.arg[1] == 64
 
 
 def test_matmul_keeps_its_tile():
@@ -91,13 +91,13 @@ def test_matmul_keeps_its_tile():
     k = Kernel("k", (Param("p0", dtypes.float32, "out", 64 * 256), Param("p1", dtypes.float32, "in", 64 * 64),
                      Param("p2", dtypes.float32, "in", 64 * 256)), (i, j), (Store(0, i * 256 + j, red),))
     with passes_off("gemm"):  # the interchanged path (large enough contractions take ``opt.tile_gemm``)
-        assert opt.optimize(k, HOST2).meta["vector_acc"].arg[1] == 64  # a[i, r] does not walk j
-    assert "gemm" in opt.optimize(k, HOST2).meta
+        assert opt.optimize(k, HOST2).vector_acc.arg[1] == 64  # a[i, r] does not walk j
+    assert opt.optimize(k, HOST2).gemm is not None
 
 
 def test_max_columns_are_not_blocked():
     k = opt.optimize(_col_sum_kernel(256, 256, op=Ops.MAX), HOST2)
-    assert "vector_block" not in k.meta and k.meta["vector_acc"].arg[1] == 64
+    assert k.vector_block is None and k.vector_acc.arg[1] == 64
 
 
 @pytest.mark.parametrize("shape,axis,dtype", [
@@ -354,10 +354,10 @@ def test_random_programs_reach_the_passes(eager_passes):
     X = zyx.Tensor(np.ones((16, 24), np.float32)).realize()
     ks = _kernels(lambda: [X.sum(0).numpy(), (X.exp() / X.exp().sum(1, keepdim=True)).numpy(), X.sum(1).numpy()])
     ko = [opt.optimize(k, HOST2) for k in ks]
-    assert any("vector_block" in k.meta for k in ko)
+    assert any(k.vector_block is not None for k in ko)
     assert any(Ops.STASH in _ops(k) for k in ko)
-    assert any("reduce_lanes" in k.meta for k in ko)
-    assert any("upcast_rows" in k.meta for k in ko)
+    assert any(k.reduce_lanes > 1 for k in ko)
+    assert any(k.upcast_rows > 1 for k in ko)
 
 
 def test_pass_names_are_known():
@@ -381,8 +381,8 @@ def test_long_row_sums_keep_independent_lanes():
         kernels[cols] = k
         ko = opt.optimize(k, HOST2)
         tiled = cols % per_row == 0
-        assert ko.meta["reduce_lanes"] == (per_row if tiled else opt.REDUCE_LANES)
-        assert ko.meta.get("upcast_rows", 1) == (opt.UPCAST_ROWS if tiled else 1)
+        assert ko.reduce_lanes == (per_row if tiled else opt.REDUCE_LANES)
+        assert ko.upcast_rows == (opt.UPCAST_ROWS if tiled else 1)
         src = CRenderer().render(ko)
         assert src.count(f"_b_t[{per_row}];") == (opt.UPCAST_ROWS if tiled else 0)
         assert "_b_t[" not in src or tiled
@@ -398,6 +398,21 @@ def test_long_row_sums_keep_independent_lanes():
         for cols, k in kernels.items():
             src = CRenderer().render(opt.optimize(k, HOST2, {"reduce_lanes": lanes, "upcast_rows": 1}))
             assert (f"_b_t[{lanes}]" in src) == (lanes > 1 and cols % lanes == 0)
+
+
+def test_host_decisions_are_part_of_the_kernels_identity():
+    """What the host passes decide (lanes, rows, tiles) are typed kernel fields, compared and hashed: kernels that
+    differ only there are different kernels (a cache keyed by the kernel never confuses them); the same
+    parameters give equal kernels."""
+    X = zyx.Tensor(np.ones((8, 4096), np.float32)).realize()
+    (k,) = _kernels(lambda: X.sum(1).numpy())
+    a, b = opt.optimize(k, HOST2, {"reduce_lanes": 32}), opt.optimize(k, HOST2, {"reduce_lanes": 16})
+    assert (a.reduce_lanes, b.reduce_lanes) == (32, 16) and a.loops == b.loops and a.stores == b.stores
+    assert a != b and hash(a) != hash(b)
+    c = opt.optimize(k, HOST2, {"reduce_lanes": 32, "upcast_rows": 2})
+    assert c.upcast_rows == 2 and c != opt.optimize(k, HOST2, {"reduce_lanes": 32})
+    again = opt.optimize(k, HOST2, {"reduce_lanes": 32})
+    assert again == a and hash(again) == hash(a) and again is not a
 
 
 @pytest.mark.parametrize("rows", [1, 2, 4, 8])
@@ -418,7 +433,7 @@ def test_upcast_rows_share_one_loop(rows, monkeypatch):
         for k in _kernels(fn):
             ko = opt.optimize(k, HOST2, {"upcast_rows": rows})
             applies = rows > 1 and n_rows % rows == 0 and n_rows // rows >= 2
-            assert ko.meta.get("upcast_rows", 1) == (rows if applies else 1)
+            assert ko.upcast_rows == (rows if applies else 1)
             reds = [s for s in walk(linearize(ko)) if isinstance(s, Reduce)]
             assert all(len(r.exprs) == (rows if applies else 1) for r in reds)
             assert len(ko.stores) == len(k.stores) * (rows if applies else 1)

@@ -97,11 +97,11 @@ def test_interchange_reduce_for_strided_reduce_axis():
 
     k = sched.scheduled_steps([col.cls])[0].source
     ko = opt.optimize(k, info)
-    assert "vector_acc" in ko.meta
+    assert ko.vector_acc is not None
     np.testing.assert_allclose(col.numpy(), x.numpy().sum(0), rtol=1e-5)
     row = (x * 1.0).sum(1)  # contiguous reduce axis: no interchange
     k = sched.scheduled_steps([row.cls])[0].source
-    assert "vector_acc" not in opt.optimize(k, info).meta
+    assert opt.optimize(k, info).vector_acc is None
     m = x.max(0)
     np.testing.assert_array_equal(m.numpy(), x.numpy().max(0))
     nan = zyx.Tensor(np.array([[1.0, 2.0], [np.nan, 0.0], [3.0, 1.0]] * 8, np.float32))

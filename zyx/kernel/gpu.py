@@ -881,10 +881,11 @@ def _each_part(fn: Callable[[Kernel], Kernel]) -> Callable[[Kernel], Kernel]:
 
 
 def normalize(k: Kernel, info: DeviceInfo, p: Params) -> Kernel:
-    """Drop unit loops; host annotations (parallel loops, SIMD, split or vector accumulators, segments) and any
-    earlier launch do not apply: a fresh kernel for the GPU passes."""
+    """Drop unit loops; host annotations (parallel loops, SIMD, split or vector accumulators, lanes, tiles,
+    segments) and any earlier launch do not apply: a fresh kernel (every such field at its default) for the GPU
+    passes."""
     k = opt.drop_unit_loops(k)
-    return replace(k, parallel=0, vector=False, split_reduce=False, wide_acc=False, meta={}, then=(), launch=None)
+    return Kernel(k.name, k.params, k.loops, k.stores)
 
 
 def split_segments(k: Kernel, info: DeviceInfo, p: Params) -> Kernel:
@@ -896,7 +897,7 @@ def split_segments(k: Kernel, info: DeviceInfo, p: Params) -> Kernel:
     parts = opt.split_segments(k)
     if len(parts) == 1:
         return k
-    parts = [replace(opt.merge_loops(opt.drop_unit_loops(x)), meta={}) for x in parts]
+    parts = [opt.merge_loops(opt.drop_unit_loops(x)) for x in parts]
     return replace(parts[0], then=tuple(parts[1:]))
 
 

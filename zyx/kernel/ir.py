@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import math
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from zyx import dtypes
@@ -32,6 +32,7 @@ from zyx.ops import COMPARE, REDUCE_OPS, SCAN_OPS, Ops
 
 if TYPE_CHECKING:
     from zyx.kernel.gpu import Geometry
+    from zyx.kernel.opt import GemmTile
 
 index_dtype = dtypes.int64
 
@@ -602,7 +603,12 @@ class Kernel:
     vector: bool = False
     wide_acc: bool = False  # accumulate float32 sums in float64 (host: accuracy of long sums)
     split_reduce: bool = False  # run the single root reduce across threads (no output loops)
-    meta: dict = field(default_factory=dict, compare=False, hash=False)
+    # what the host passes (``kernel.opt``) decided, rendered by ``CRenderer``; defaults: not applied
+    reduce_lanes: int = 0  # independent float32 partial sums per block of a long sum (``unroll_reduce``)
+    upcast_rows: int = 1  # consecutive row sums computed in one loop nest (``upcast_rows``)
+    vector_acc: Expr | None = None  # the tile range a reduce keeps one accumulator per (``interchange_reduce``)
+    vector_block: tuple[int, int] | None = None  # (row block, register tile) of a column sum (``block_vector_reduce``)
+    gemm: GemmTile | None = None  # register tiles and packed panels of a contraction (``tile_gemm``)
     then: tuple[Kernel, ...] = ()  # further loop nests over the same params, run after this one in one launch
     launch: Geometry | None = None
 

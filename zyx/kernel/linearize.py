@@ -8,7 +8,7 @@ update in its innermost loop body. Stores go into the innermost output loop.
 Invariant: the ranges one expression depends on always lie on one chain of nested loops, so "innermost"
 is well defined.
 
-In a kernel of ``opt.upcast_rows`` (``meta["upcast_rows"]``), reduces over the same range tuple (copies of one
+In a kernel of ``opt.upcast_rows`` (``Kernel.upcast_rows``), reduces over the same range tuple (copies of one
 reduce for several outputs, none depending on another) share one loop nest: one ``Reduce`` statement, the first
 as ``expr`` and the others in ``siblings``, each with its accumulate statement in the innermost body. The values
 outside the loops that a later sibling needs are placed before the shared statement.
@@ -83,7 +83,7 @@ def linearize(k: Kernel) -> Block:
     innermost = cur
     done: set[int] = set()
     emitted: list[Expr] = []
-    vec = k.meta.get("vector_acc")
+    vec = k.vector_acc
 
     def home(e: Expr) -> Block:
         rs = e.ranges
@@ -132,7 +132,7 @@ def linearize(k: Kernel) -> Block:
                         done.discard(id(x))
                 done.update(id(x) for x in hidden)
             red = Reduce(e, loops[0], split=k.split_reduce and outer is root, vec=vec if vectorized else None,
-                         block=k.meta.get("vector_block") if vectorized and len(loops) == 2 else None)
+                         block=k.vector_block if vectorized and len(loops) == 2 else None)
             outer.stmts.append(red)
             if not vectorized:
                 groups[e.arg[1]] = (red, loops[-1])
@@ -147,7 +147,7 @@ def linearize(k: Kernel) -> Block:
         emitted.append(e)
 
     groups: dict[tuple[Expr, ...], tuple[Reduce, Loop]] = {}  # reduce ranges -> their statement
-    upcast = k.meta.get("upcast_rows", 1) > 1
+    upcast = k.upcast_rows > 1
 
     def join(e: Expr, red: Reduce, inner: Loop) -> None:
         """Sibling ``e`` accumulates in ``red``'s loops (``_order_blocks`` then places what it needs first)."""

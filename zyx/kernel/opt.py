@@ -13,13 +13,13 @@
   loop nest per segment (``Kernel.then``), each with its comparisons decided.
 - ``interchange_reduce``: a reduce whose loads walk the innermost output axis runs that axis inside it, one
   accumulator per column of a tile; a column sum takes tiles as wide as the compute units allow.
-- ``block_vector_reduce``: such a column sum accumulates blocks of rows in register tiles (``meta["vector_block"]``).
+- ``block_vector_reduce``: such a column sum accumulates blocks of rows in register tiles (``Kernel.vector_block``).
 - ``tile_gemm``: a contraction (matmul, batched, any operand layout) runs as packed column panels of its right
-  operand and MR x NR register tiles of accumulators (``meta["gemm"]``, rendered by ``CRenderer``); disabled by
+  operand and MR x NR register tiles of accumulators (``Kernel.gemm``, rendered by ``CRenderer``); disabled by
   name ``"gemm"``.
-- ``unroll_reduce``: a long float32 sum keeps several independent partial sums per block (``meta["reduce_lanes"]``).
+- ``unroll_reduce``: a long float32 sum keeps several independent partial sums per block (``Kernel.reduce_lanes``).
 - ``upcast_rows``: such a row sum computes several consecutive outputs per iteration, their sums in one loop
-  (``meta["upcast_rows"]``).
+  (``Kernel.upcast_rows``).
 - ``stash_row_values``: a row value that a reduce computes and a later loop over the same row recomputes is
   written to a local array once (``STASH``) and read back (``LOCAL``): softmax's exp, LayerNorm's residual add.
 
@@ -211,7 +211,7 @@ def interchange_reduce(k: Kernel, units: int = 1, column_blocks: bool = True, ti
                        column_block: int | None = None) -> Kernel:
     """Put the innermost output loop inside a reduce that depends on it, when the reduce's loads walk that
     output axis contiguously but its own axis with a stride (matmul, column sums): the reduce keeps one
-    accumulator per output element of a tile (``meta["vector_acc"]``) and the tile loop vectorizes. A column
+    accumulator per output element of a tile (``Kernel.vector_acc``) and the tile loop vectorizes. A column
     sum (every load walks the output axis) takes column blocks as wide as ``units`` compute units allow
     (``_column_block``), which ``block_vector_reduce`` then cuts into register tiles. ``tile`` / ``column_block``
     override the heuristic widths when they divide the axis."""
@@ -239,7 +239,7 @@ def interchange_reduce(k: Kernel, units: int = 1, column_blocks: bool = True, ti
     next_id = max(r.arg[0] for r in _every_range(k)) + 1
     jb, jj = ir.range_(next_id, size // tile), ir.range_(next_id + 1, tile)
     k2 = _substitute_kernel(k, {j: jb * tile + jj}, k.loops[:-1] + (jb, jj))
-    return replace(drop_unit_loops(k2), vector=True, meta={**k.meta, "vector_acc": jj})
+    return replace(drop_unit_loops(k2), vector=True, vector_acc=jj)
 
 
 INTERCHANGE_TILES = (64, 32, 16, 8)  # accumulator tile widths of an interchanged reduce, widest first
@@ -248,22 +248,22 @@ ROW_BLOCK = 8  # reduce iterations accumulated in a register tile before it is a
 
 
 def block_vector_reduce(k: Kernel, row_block: int | None = None, vector_tile: int | None = None) -> Kernel:
-    """Register-tile a vectorized column sum (``meta["vector_acc"]``): the reduce loop runs in blocks of
+    """Register-tile a vectorized column sum (``Kernel.vector_acc``): the reduce loop runs in blocks of
     ``ROW_BLOCK`` iterations; in a block, each ``VECTOR_TILE`` columns accumulate into a tile of partial sums
-    (kept in registers), which is then added into the column's accumulator (``meta["vector_block"]`` =
+    (kept in registers), which is then added into the column's accumulator (``Kernel.vector_block`` =
     (row block, tile), rendered by ``CRenderer``). Sums reassociate (blocks of ``ROW_BLOCK`` rows); with wide
     accumulators the partials are float32 and the block sums float64, as in long row sums. Only single-range
     ``ADD`` reduces whose tile divides into ``VECTOR_TILE`` columns are blocked, and only when the tile is wider
     than a register tile or accumulates in float64 (a matmul's float32 tile already is a register tile)."""
     rb, vt = row_block or ROW_BLOCK, vector_tile or VECTOR_TILE
-    vec = k.meta.get("vector_acc")
+    vec = k.vector_acc
     if vec is None or vec.arg[1] % vt or (vec.arg[1] == vt and not k.wide_acc):
         return k
     reds = [e for e in k.reduces() if vec in e.ranges]
     if len(reds) != 1 or reds[0].arg[0] is not Ops.ADD or len(reds[0].arg[1]) != 1 or \
             reds[0].arg[1][0].arg[1] < 2 * rb:
         return k
-    return replace(k, meta={**k.meta, "vector_block": (rb, vt)})
+    return replace(k, vector_block=(rb, vt))
 
 
 def work(k: Kernel) -> int:
@@ -291,7 +291,7 @@ def parallelize(k: Kernel, info: DeviceInfo, collapse: int | None = None) -> Ker
     n = 1
     outer = k.loops[0].arg[1]
     # collapse a short outer loop with the next one so every compute unit gets work
-    vec = k.meta.get("vector_acc")  # its reduce runs in the loop above the tile loop: no collapse across it
+    vec = k.vector_acc  # its reduce runs in the loop above the tile loop: no collapse across it
     legal = len(k.loops) > 1 and not _reduce_depends_between(k) and k.loops[1] not in scans and \
         not (vec is not None and vec is k.loops[1])
     if legal and (collapse == 2 or (collapse is None and outer < 4 * info.compute_units)):
@@ -334,13 +334,13 @@ REDUCE_LANES = 64  # independent float32 partial sums of a long row sum: 4 AVX-5
 
 def unroll_reduce(k: Kernel, lanes: int | None = None) -> Kernel:
     """A long float32 sum accumulated in float64 (``wide_acc``; float32 partials over blocks of the reduce) keeps
-    ``lanes`` partial sums per block instead of one (``meta["reduce_lanes"]``, rendered by ``CRenderer`` where
+    ``lanes`` partial sums per block instead of one (``Kernel.reduce_lanes``, rendered by ``CRenderer`` where
     the lanes tile every block; elsewhere one partial), so consecutive adds do not wait on each other: a row sum
     then runs at memory speed. Sums reassociate within a block, as they already do across SIMD lanes."""
     lanes = REDUCE_LANES if lanes is None else lanes
-    if not k.wide_acc or lanes <= 1 or k.split_reduce or "reduce_lanes" in k.meta:
+    if not k.wide_acc or lanes <= 1 or k.split_reduce or k.reduce_lanes:
         return k
-    return replace(k, meta={**k.meta, "reduce_lanes": lanes})
+    return replace(k, reduce_lanes=lanes)
 
 
 # outputs of a row sum computed together by default: one. On the 2-core Zen 4 this was tuned on (kernels timed in
@@ -359,9 +359,9 @@ def upcast_rows(k: Kernel, rows: int | None = None) -> Kernel:
     sums, now over ``rows`` memory streams. Off by default (``UPCAST_ROWS``); a candidate of the search. Fewer lanes
     per output reassociate its sum, as the lanes themselves do."""
     rows = UPCAST_ROWS if rows is None else rows
-    lanes = k.meta.get("reduce_lanes", 0)
+    lanes = k.reduce_lanes
     if rows <= 1 or lanes // rows < UPCAST_MIN_LANES or not k.loops or k.split_reduce or k.then or \
-            "vector_acc" in k.meta or "gemm" in k.meta:
+            k.vector_acc is not None or k.gemm is not None:
         return k
     r = k.loops[-1]
     n = r.arg[1]
@@ -386,7 +386,7 @@ def upcast_rows(k: Kernel, rows: int | None = None) -> Kernel:
         stores.extend(Store(s.param, ir.substitute(s.index, at, memo), ir.substitute(s.value, at, memo))
                       for s in k.stores)
     return replace(k, loops=k.loops[:-1] + (outer,), stores=tuple(stores),
-                   meta={**k.meta, "reduce_lanes": lanes // rows, "upcast_rows": rows})
+                   reduce_lanes=lanes // rows, upcast_rows=rows)
 
 
 STASH_MIN_COST = 3  # loads + ALU ops (a transcendental counts 8) a recomputed row value must cost to be stashed
@@ -437,7 +437,7 @@ def stash_row_values(k: Kernel) -> Kernel:
     (``LOCAL``) instead. Exact: the same operations on the same values, so the same bits. Only expressions
     costing ``STASH_MIN_COST`` or more are stashed, arrays of at most ``STASH_MAX_BYTES``; host kernels without
     split reduces, column tiles or scans."""
-    if k.split_reduce or "vector_acc" in k.meta or k.scan_ranges():
+    if k.split_reduce or k.vector_acc is not None or k.scan_ranges():
         return k
     slot, total = 0, 0
     for i in range(len(k.reduces())):
@@ -565,7 +565,7 @@ def _gemm_dtype_ok(d) -> bool:
 def gemm_contraction(k: Kernel) -> Contraction | None:
     """The contraction ``tile_gemm`` can tile: its output loops are the kernel's innermost two, its dtype is
     float32, float64 or a 32/64-bit integer, and it is large enough to pay for packing."""
-    if k.then or len(k.loops) < 2 or k.parallel or "vector_acc" in k.meta or "gemm" in k.meta:
+    if k.then or len(k.loops) < 2 or k.parallel or k.vector_acc is not None or k.gemm is not None:
         return None
     c = find_contraction(k)
     if c is None or c.m is not k.loops[-2] or c.n is not k.loops[-1] or not _gemm_dtype_ok(c.red.dtype):
@@ -632,7 +632,7 @@ def gemm_search_space(k: Kernel, info: DeviceInfo) -> dict[str, tuple[int, ...]]
 
 
 def tile_gemm(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Kernel:
-    """Mark a contraction (``gemm_contraction``) for register tiling (``GemmTile`` in ``meta["gemm"]``); ``params``
+    """Mark a contraction (``gemm_contraction``) for register tiling (``Kernel.gemm``); ``params``
     ``gemm_mr`` / ``gemm_nr`` / ``gemm_nc`` / ``gemm_kc`` override the heuristic (any positive values compute the
     same result; ``nc`` is rounded to a multiple of ``nr``). Other kernels are returned unchanged. Call it after
     ``widen_accumulators`` (the plan depends on ``wide_acc``)."""
@@ -649,7 +649,7 @@ def tile_gemm(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Kern
         kc = kk
     nc = max(nr, int(p["gemm_nc"]) // nr * nr)
     nc = min(nc, -(-c.n.arg[1] // nr) * nr)
-    return replace(k, parallel=0, vector=False, meta={**k.meta, "gemm": GemmTile(c, mr, nr, nc, kc, partial, direct)})
+    return replace(k, parallel=0, vector=False, gemm=GemmTile(c, mr, nr, nc, kc, partial, direct))
 
 
 # the optional host passes, by the names DISABLED takes
@@ -693,7 +693,7 @@ def optimize(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Kerne
             part = split_divmod_loops(part)
         if "gemm" not in DISABLED:
             tiled = tile_gemm(widen_accumulators(part), info, p)
-            if "gemm" in tiled.meta:
+            if tiled.gemm is not None:
                 parts.append(tiled)
                 continue
         if "transpose" not in DISABLED:

@@ -473,7 +473,7 @@ class CRenderer(CStyleRenderer):
             parts = [(e, acc, f"{acc}_b") for e, acc, _ in members]
             float_partials.update(e for e, _, _ in members)
             it = self.index_type
-            lanes = k.meta.get("reduce_lanes", 0)
+            lanes = k.reduce_lanes
             if lanes > 1 and not (lo.isdigit() and hi.isdigit() and (int(hi) - int(lo)) % lanes == 0):
                 lanes = 0  # the lanes must tile every block exactly
             # with lanes, each lane adds ``lane_depth`` elements per block: a block's lane sum and its add into
@@ -532,21 +532,21 @@ class CRenderer(CStyleRenderer):
                 c = "const " if p.kind == "in" else ""
                 st = self.storage_type(p.dtype)
                 lines.append(f"  {c}{st} *{self.restrict} p{i} = ({c}{st}*)args[{i}];")
-        if not k.then and "gemm" not in k.meta:
+        if not k.then and k.gemm is None:
             emit_block(linearize(k), "  ")
         else:
             for part in (k, *k.then):  # one scope per segment: names never leak between them
                 name.clear()
                 acc_name.clear()
                 lines.append("  {")
-                if "gemm" in part.meta:
-                    lines.extend(self.render_gemm(part, part.meta["gemm"], "    "))
+                if part.gemm is not None:
+                    lines.extend(self.render_gemm(part, part.gemm, "    "))
                 else:
                     emit_block(linearize(part), "    ")
                 lines.append("  }")
         body = "\n".join(lines)
         attr = ""
-        if any("gemm" in part.meta for part in (k, *k.then)):
+        if any(part.gemm is not None for part in (k, *k.then)):
             attr = "ZYX_GEMM_ATTR "
         return f"{self.prelude()}\n{attr}void {k.name}(void **args) {{\n{body}\n}}\n"
 
