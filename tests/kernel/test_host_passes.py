@@ -368,12 +368,13 @@ def test_pass_names_are_known():
 # ---- reduce lanes ----------------------------------------------------------------------------------------------
 
 def test_long_row_sums_keep_independent_lanes():
-    """A long float32 row sum adds its blocks in ``REDUCE_LANES`` partial sums, shared by ``UPCAST_ROWS`` rows
+    """A long float32 row sum adds its blocks in ``target_lanes`` partial sums, shared by ``UPCAST_ROWS`` rows
     computed together where the rows and lanes divide evenly; lengths the lanes do not tile keep one partial;
     values match NumPy's float64 sums either way, and the passes off."""
     rng = np.random.default_rng(7)
     kernels = {}
-    per_row = opt.REDUCE_LANES // opt.UPCAST_ROWS
+    lanes = opt.target_lanes(HOST2)
+    per_row = lanes // opt.UPCAST_ROWS
     for cols in (4096, 4100):
         x = rng.standard_normal((8, cols)).astype(np.float32)
         X = zyx.Tensor(x).realize()
@@ -381,7 +382,7 @@ def test_long_row_sums_keep_independent_lanes():
         kernels[cols] = k
         ko = opt.optimize(k, HOST2)
         tiled = cols % per_row == 0
-        assert ko.reduce_lanes == (per_row if tiled else opt.REDUCE_LANES)
+        assert ko.reduce_lanes == (per_row if tiled else lanes)
         assert ko.upcast_rows == (opt.UPCAST_ROWS if tiled else 1)
         src = CRenderer().render(ko)
         assert src.count(f"_b_t[{per_row}];") == (opt.UPCAST_ROWS if tiled else 0)
