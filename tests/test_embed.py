@@ -7,6 +7,7 @@ are skipped with the install command as the reason.
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import numpy as np
 import pytest
@@ -37,9 +38,18 @@ def test_sample_sentences_span_3_to_60_tokens() -> None:
     assert ids.shape == (32, 56) and (ids[mask == 0] == 0).all()  # 55 tokens, padded to a multiple of 8
 
 
+# Sentences the emulated GPU encodes: 8 of the 32, the shortest ("Hi", 3 tokens) and the longest (55) among them,
+# so the batch is padded to the same 56 tokens. The emulator runs each CUDA thread of the attention scores' kernel
+# (one warp per score, with shuffles) as a fiber: 35 of the 47 s that encoding all 32 took on the emulator.
+EMULATED_SUBSET = [0, 1, 6, 12, 20, 26, 27, 30]
+
+
 def test_encode_matches_pytorch(device: str, reference: np.ndarray) -> None:
-    got = embed.encode(embed.SAMPLE_SENTENCES, device=device, batch_size=32)
-    assert got.shape == (32, 384) and got.dtype == np.float32
+    rows = EMULATED_SUBSET if os.environ.get("ZYX_CUDA_EMULATE") == "1" and device.startswith("cuda") else \
+        list(range(32))
+    got = embed.encode([embed.SAMPLE_SENTENCES[i] for i in rows], device=device, batch_size=32)
+    reference = reference[rows]
+    assert got.shape == (len(rows), 384) and got.dtype == np.float32
     err = np.abs(got - reference).max()
     assert err <= 1e-4, f"max abs difference {err:.3g} from PyTorch on {device}"
     np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
