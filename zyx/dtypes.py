@@ -73,12 +73,17 @@ BY_NAME.update({"bool_": bool_, "half": float16, "float": float32, "double": flo
                 "int": int32})
 default_float = float32
 default_int = int64
+_BY_NP: dict[np.dtype, DType] = {np.dtype(d.np_dtype): d for d in ALL}  # NumPy dtype -> zyx dtype
 
 
 def to_dtype(x) -> DType:
     """Accept a zyx dtype, its name, a NumPy dtype or type, or a Python type."""
     if isinstance(x, DType):
         return x
+    if isinstance(x, np.dtype):  # every Tensor made from an array asks (a scan over ALL cost ~2.5 us)
+        d = _BY_NP.get(x)
+        if d is not None:
+            return d
     if isinstance(x, str):
         if x in BY_NAME:
             return BY_NAME[x]

@@ -229,7 +229,13 @@ class Registry:
         return dict(self.status)
 
 
+_CANONICAL = {"host": "host", "cpu": "host", "cuda": "cuda:0", "disk": "disk", "cuda:0": "cuda:0"}
+
+
 def canonical_name(name: str) -> str:
+    n = _CANONICAL.get(name) if type(name) is str else None  # the spellings met on every op, without the regex
+    if n is not None:
+        return n
     if not isinstance(name, str):
         raise TypeError(f"device must be a name like 'host' or 'cuda:0', got {name!r}")
     n = name.strip().lower()
@@ -248,6 +254,9 @@ _registry_lock = threading.Lock()
 
 def registry() -> Registry:
     global _registry
+    r = _registry  # once made, read without the lock (every tensor op asks): a reference read is atomic
+    if r is not None:
+        return r
     with _registry_lock:
         if _registry is None:
             _registry = Registry()
