@@ -786,16 +786,16 @@ class Tensor:
     # ---- reductions ------------------------------------------------------------------------------------------
     def _reduce(self, fn, axis, keepdim: bool, name: str, identity=None) -> Tensor:
         x = self._on_compute()
-        axes = _norm_axes(axis, x.ndim)
-        if any(x.shape[a] == 0 for a in axes):
+        shape = x.cls.shape
+        axes = _norm_axes(axis, len(shape))
+        if any(shape[a] == 0 for a in axes):
             if identity is None:
-                raise ValueError(f"{name} of an empty axis has no identity (shape {x.shape}, axis {axis})")
-            shape = tuple(1 if i in axes else s for i, s in enumerate(x.shape))
-            out = Tensor.full(shape, identity, x.dtype, x.device)
+                raise ValueError(f"{name} of an empty axis has no identity (shape {shape}, axis {axis})")
+            out = Tensor.full(tuple(1 if i in axes else s for i, s in enumerate(shape)), identity, x.dtype, x.device)
         else:
             out = fn.apply(x, axes=axes) if axes else x
-        if not keepdim:
-            out = out.reshape(tuple(s for i, s in enumerate(x.shape) if i not in axes))
+        if not keepdim and axes:  # drop the reduced axes (size 1 now): a reshape known to be valid
+            out = F.Reshape.apply(out, shape=tuple(s for i, s in enumerate(shape) if i not in axes))
         return out
 
     def sum(self, axis=None, keepdim: bool = False, dtype=None, dim=None, keepdims: bool | None = None):
