@@ -229,21 +229,19 @@ class Registry:
         return dict(self.status)
 
 
-_CANONICAL = {"host": "host", "cpu": "host", "cuda": "cuda:0", "disk": "disk", "cuda:0": "cuda:0"}
+_CANONICAL = {"host": "host", "cpu": "host", "cuda": "cuda:0", "disk": "disk", "cuda:0": "cuda:0"}  # spelling -> name
 
 
 def canonical_name(name: str) -> str:
-    n = _CANONICAL.get(name) if type(name) is str else None  # the spellings met on every op, without the regex
+    n = _CANONICAL.get(name) if type(name) is str else None  # the spellings met on every op, as written
     if n is not None:
         return n
     if not isinstance(name, str):
         raise TypeError(f"device must be a name like 'host' or 'cuda:0', got {name!r}")
     n = name.strip().lower()
-    if n in ("cpu", "host"):
-        return "host"
-    if n == "cuda":
-        return "cuda:0"
-    if re.fullmatch(r"cuda:\d+", n) or n == "disk":
+    if n in _CANONICAL:
+        return _CANONICAL[n]
+    if re.fullmatch(r"cuda:\d+", n):
         return n
     raise ValueError(f"unknown device name {name!r}; use 'host' (or 'cpu'), 'cuda', 'cuda:N' or 'disk'")
 
