@@ -22,8 +22,8 @@ def _blas():
 
 
 @pytest.mark.parametrize("shape", [
-    ((300, 64), (64, 200)),        # rows split in blocks
-    ((8, 64), (64, 1000)),         # few rows: columns split
+    ((300, 128), (128, 200)),      # rows split in blocks (above RUNNER_SINGLE_THREAD_FLOPS)
+    ((8, 512), (512, 1100)),       # few rows: columns split
     ((4, 33, 17), (4, 17, 9)),     # batched, single-threaded by size
     ((6, 128, 96), (96, 128)),     # batched with a broadcast operand
     ((0, 5), (5, 4)),              # empty
@@ -66,8 +66,8 @@ def _library(t: zyx.Tensor) -> list[str]:
 
 
 @pytest.mark.parametrize("x_shape,out", [
-    ((300, 64), 200),      # rows split in blocks
-    ((8, 64), 1000),       # few rows: columns split, each block starts from its part of the bias
+    ((300, 128), 200),     # rows split in blocks (above RUNNER_SINGLE_THREAD_FLOPS)
+    ((8, 512), 1100),      # few rows: columns split, each block starts from its part of the bias
     ((4, 50, 64), 96),     # leading axes folded into rows
     ((2, 256), 300),       # two rows
 ])

@@ -25,7 +25,10 @@ ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 MKL_THREADING_GNU, MKL_INTERFACE_LP64 = 3, 0  # mkl_service.h
 LAUNCH_OVERHEAD_NS = 4_000
 SINGLE_THREAD_FLOPS = 1 << 25  # below: one thread (OpenBLAS's own threads wake too slowly to pay off)
-RUNNER_SINGLE_THREAD_FLOPS = 1 << 21  # the same for the OpenMP runner, whose team is already awake
+# the same for the OpenMP runner. Its team is usually awake, but a parallel region waits for every member: when
+# another process holds a core, a member waits for a time slice. Below 2^23 flops (about 0.1-0.2 ms on one
+# thread) one thread: the example's un-jitted Adam step with a busy core took 18-21 ms at 2^21, 3.5-4.1 ms here
+RUNNER_SINGLE_THREAD_FLOPS = 1 << 23
 SOFTMAX_NS_PER_ELEMENT = 0.25  # the fused attention's softmax, on one compute unit, per score
 
 
