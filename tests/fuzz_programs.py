@@ -282,12 +282,18 @@ def reduce_ref(op: str, x: np.ndarray, axis: Any, keepdim: bool) -> np.ndarray:
     raise ValueError(op)
 
 
-def _std_scale(mean_sq: np.ndarray, d: DType) -> np.ndarray:
-    """Error scale of std = sqrt(var): sqrt(TOL * mean(x^2)) / TOL, unbounded where var's intermediates reach the
-    overflow region of ``d`` (zyx computes in ``d``; the reference in float64)."""
+def _square_scale(s: np.ndarray, d: DType, axis: Any, keepdim: bool, std: bool) -> np.ndarray:
+    """Error scale of var (mean(s^2), ``s`` the input's float64 error scale) or of std = sqrt(var)
+    (sqrt(TOL * mean(s^2)) / TOL); unbounded where var's intermediates reach the overflow region of ``d``, the
+    dtype zyx computes in (the reference computes in float64). That is the sum of squared deviations, up to
+    n * mean(s^2): it is accumulated before the division by n (found by the fuzzer: float32 var of uint64 values
+    near 2^64 is 1.9e37, but the sum of its 20 squared deviations, 3.9e38, is inf in float32, as in NumPy's
+    float32 var)."""
     big = float(np.finfo(np.float32 if d is dtypes.bfloat16 else d.np_dtype).max) / 8
+    n = math.prod(s.shape[i] for i in _axes(axis, s.ndim))
     with np.errstate(all="ignore"):
-        return np.where(mean_sq > big, np.inf, np.sqrt(mean_sq / TOL[d]))
+        mean_sq = reduce_ref("mean", s * s, axis, keepdim).astype(np.float64)
+        return np.where(n * mean_sq > big, np.inf, np.sqrt(mean_sq / TOL[d]) if std else mean_sq)
 
 
 def _var_dtype(x: np.ndarray) -> DType:
@@ -1273,8 +1279,8 @@ class Builder:
                "min": lambda s: reduce_ref("max", s, axis, keep),
                # var = mean((x - mean)^2) cancels: its error is relative to mean(x^2), not to the result (found
                # by the fuzzer: float32 var of 32 equal values 5.7e7 is 576 = (3 ulp of the mean)^2, not 0)
-               "var": lambda s: reduce_ref("mean", s * s, axis, keep),
-               "std": lambda s: _std_scale(reduce_ref("mean", s * s, axis, keep), _var_dtype(x))}.get(op)
+               "var": lambda s: _square_scale(s, _var_dtype(x), axis, keep, std=False),
+               "std": lambda s: _square_scale(s, _var_dtype(x), axis, keep, std=True)}.get(op)
         ops = (op, "product") if op in ("mean", "var") else (op,)  # s * (1 / n): an FMA candidate
         # max/min of +0.0 and -0.0 may return either (IEEE maxNum/minNum; NumPy's SIMD loops too)
         zs = {"zsign"} if op in ("max", "min") else set()

@@ -19,7 +19,7 @@ import warnings
 
 import numpy as np
 import pytest
-from fuzz_programs import Program, compare, programs, run_zyx
+from fuzz_programs import TOL, Program, Val, _square_scale, compare, programs, run_zyx
 from hypothesis import HealthCheck, Phase, given, note, seed, settings
 
 EXAMPLES = int(os.environ.get("ZYX_FUZZ_EXAMPLES", "300"))
@@ -82,3 +82,26 @@ def _maybe_seed(f):
 @given(prog=programs())
 def test_fuzz_programs(prog: Program, device: str) -> None:
     check_program(prog, device)
+
+
+def test_var_error_scale_covers_the_sum_of_squares(device: str) -> None:
+    """Found by a random run (seed 261203, cuda:0): float32 var of uint64 values near 2^64 is 1.9e37, but the sum
+    of its 20 squared deviations, 3.9e38, overflows float32 (host and GPU sum these 20 in float32, as NumPy's
+    float32 var does). The reference's error scale, mean(x^2) = 2.1e37, was below its overflow bound (FLT_MAX / 8)
+    although the sum, 20 times that, is above it."""
+    import zyx
+    from zyx import dtypes
+
+    x = np.zeros((2, 2, 5), np.uint64)
+    x[0, 0, :2] = (2 ** 63, 2 ** 64 - 2)
+    s = x.astype(np.float64)  # the generator's error scale of an integer input: its values
+    scale = _square_scale(s, dtypes.float32, None, False, std=False)
+    assert np.isinf(scale)
+    assert float(_square_scale(s, dtypes.float64, None, False, std=False)) == pytest.approx(np.mean(s * s))
+    want = np.var(s).astype(np.float32)
+    got = zyx.Tensor(x, device=device).var().numpy()
+    assert np.isinf(got) or abs(float(got) / float(want) - 1) < 1e-5
+    assert compare(got, Val(np.asarray(want), np.abs(want) + scale, exact=False)) is None
+    one = np.array([3.0, 4.0])  # mean(s^2) = 12.5, far from any bound: the scale itself
+    assert float(_square_scale(one, dtypes.float32, None, False, std=True)) == pytest.approx(
+        np.sqrt(12.5 / TOL[dtypes.float32]))
