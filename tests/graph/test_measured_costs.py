@@ -96,3 +96,15 @@ def test_transposed_and_batched_operands_are_measured_correctly(autotune):
     out = A @ B.transpose(-1, -2)
     np.testing.assert_allclose(out.numpy(), a @ b.transpose(0, 2, 1), rtol=1e-4, atol=1e-4)
     assert zyx.debug.stats()["measured_alternatives"] == 2
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [((0, 2, 2), (0, 2, 2)), ((3, 0, 4), (4, 5)), ((2, 3, 0), (0, 4))])
+def test_empty_matmuls_are_not_timed(autotune, a_shape, b_shape):
+    """Found by the fuzzer with search on: a batch of 0 matmuls reached the BLAS device's split, which divided by
+    the batch. An empty product runs nothing, so nothing is timed (a product over an empty k is a constant zero).
+    """
+    a, b = np.ones(a_shape, np.float32), np.ones(b_shape, np.float32)
+    zyx.debug.reset_stats()
+    got = (zyx.Tensor(a) @ zyx.Tensor(b)).numpy()
+    np.testing.assert_array_equal(got, a @ b)
+    assert zyx.debug.stats()["measured_alternatives"] == 0

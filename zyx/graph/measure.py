@@ -130,7 +130,7 @@ def matmul_costs(matmuls: Iterable[Matmul], pool_of: Callable[[str], object], de
     for m in matmuls:
         c = m.cls
         libs = [n for n in c.nodes if n.op is Ops.KERNEL]
-        if not libs or c.nodes[0].op is not Ops.REDUCE:
+        if not libs or c.nodes[0].op is not Ops.REDUCE or c.numel == 0:  # an empty product runs nothing
             continue
         pool, dev, sig, inner = pool_of(c.device), device_key(c.device), signature(m), _inner(m)
         bases = {id(m.a.view.base): m.a.view.base, id(m.b.view.base): m.b.view.base}

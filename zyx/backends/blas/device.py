@@ -328,7 +328,7 @@ class BlasDevice(Device):
         threads = 1 if 2 * g.m * g.n * g.k * batch < RUNNER_SINGLE_THREAD_FLOPS else self._info.compute_units
         along_n = g.m < 64 * threads < g.n  # rows unless there are too few of them
         span = g.n if along_n else g.m
-        blocks = 1 if batch >= threads else max(1, min(-(-threads // batch), span // 32))
+        blocks = 1 if batch == 0 or batch >= threads else max(1, min(-(-threads // batch), span // 32))
         sp = self._splits[program] = _Split(threads, blocks, along_n, threaded.batch_offsets(
             g.batch, g.a_offset, g.b_offset, g.a_batch, g.b_batch, g.c_batch))
         return sp
