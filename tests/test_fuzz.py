@@ -84,6 +84,40 @@ def test_fuzz_programs(prog: Program, device: str) -> None:
     check_program(prog, device)
 
 
+SEARCH_EXAMPLES = int(os.environ.get("ZYX_FUZZ_SEARCH_EXAMPLES", "40"))
+
+
+@pytest.fixture
+def search_on(monkeypatch, tmp_path):
+    """Kernel search and measured extraction on, with private caches, so that programs run with pass parameters
+    the heuristics never choose (and library-versus-generated decided by the clock)."""
+    from zyx.backends import autotune
+    from zyx.graph import measure, schedule
+
+    monkeypatch.setattr(autotune, "CACHE_DIR", tmp_path / "autotune")
+    monkeypatch.setattr(measure, "STORE", measure.MeasuredCosts(tmp_path / "measured.json"))
+    autotune.clear_memory()
+    schedule.clear_cache()
+    with autotune.configured(True, budget_s=120, kernel_s=0.05):
+        yield
+    autotune.clear_memory()
+    schedule.clear_cache()
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:The recursion limit will not be reset")
+@settings(settings.get_profile("zyx-fuzz"), max_examples=SEARCH_EXAMPLES,
+          suppress_health_check=[*settings.get_profile("zyx-fuzz").suppress_health_check,
+                                 HealthCheck.function_scoped_fixture])
+@_maybe_seed
+@given(prog=programs())
+def test_fuzz_programs_with_search_on(prog: Program, device: str, search_on) -> None:
+    """The fuzzer's programs with search on (``ZYX_FUZZ_SEARCH_EXAMPLES``, default 40, per device). A long random
+    run with search on found an empty batched matmul that the measured extraction timed and the BLAS split
+    divided by (its regression test: tests/graph/test_measured_costs.py)."""
+    check_program(prog, device)
+
+
 def test_var_error_scale_covers_the_sum_of_squares(device: str) -> None:
     """Found by a random run (seed 261203, cuda:0): float32 var of uint64 values near 2^64 is 1.9e37, but the sum
     of its 20 squared deviations, 3.9e38, overflows float32 (host and GPU sum these 20 in float32, as NumPy's
