@@ -34,7 +34,19 @@ class Row:
         return self.refs[ref] / self.zyx_ms if ref in self.refs and self.zyx_ms > 0 else None
 
 
+SETTLE_S = 0.2  # longer than the ~0.1 s OpenBLAS's threads busy-wait after a call here (OpenMP's: a few ms)
+
+
+def settle() -> None:
+    """Let every library's worker threads go idle before a measurement. Idle pools busy-wait after a call (NumPy's
+    OpenBLAS for ~0.1 s): on a 2-core machine, zyx's and torch's 1024^3 matmuls right after NumPy's ran 39-40 ms
+    instead of 14-16 ms."""
+    time.sleep(SETTLE_S)
+
+
 def median_ms(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
+    """Median ms of ``repeats`` calls after ``settle`` and ``warmup`` untimed calls."""
+    settle()
     for _ in range(warmup):
         fn()
     times = []
@@ -60,6 +72,78 @@ def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int, warm
             fn()
             times[k].append(time.perf_counter() - t0)
     return {k: statistics.median(v) * 1e3 for k, v in times.items()}
+
+
+def settled_blocks(fns: dict[str, Callable[[], object]], rounds: int, per_block: int = 3,
+                   elsewhere: dict[str, Callable[[int], list[float]]] | None = None) -> dict[str, float]:
+    """Median ms of each function, timed in blocks of ``per_block`` calls, the blocks in turns (``rounds`` of one
+    block each), every block after ``settle`` and one untimed call: each library runs with its own threads awake
+    and the others' idle, and drifts of the machine fall on every library alike. For multi-threaded work
+    (``interleaved_medians`` would time one library while another's threads still spin). ``elsewhere``: blocks
+    timed in another process (``CleanNumpy.matmul_block``), given the block size, returning seconds per call."""
+    times: dict[str, list[float]] = {k: [] for k in (*fns, *(elsewhere or {}))}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            settle()
+            fn()
+            for _ in range(per_block):
+                t0 = time.perf_counter()
+                fn()
+                times[k].append(time.perf_counter() - t0)
+        for k, block in (elsewhere or {}).items():
+            times[k] += block(per_block)
+    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
+
+
+_CLEAN_NUMPY_SERVER = """
+import json, sys, time
+import numpy as np
+arrays = {}
+for line in sys.stdin:
+    n, seed, k, settle_s = json.loads(line)
+    if (n, seed) not in arrays:
+        rng = np.random.default_rng(seed)
+        arrays[(n, seed)] = tuple(rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
+    a, b = arrays[(n, seed)]
+    time.sleep(settle_s)
+    a @ b
+    ts = []
+    for _ in range(k):
+        t0 = time.perf_counter()
+        a @ b
+        ts.append(time.perf_counter() - t0)
+    print(json.dumps(ts), flush=True)
+"""
+
+
+class CleanNumpy:
+    """NumPy's matmul timed in a child process that imports nothing but NumPy. In this process, once zyx's BLAS
+    runner has called NumPy's OpenBLAS from its OpenMP threads, NumPy's own two-thread 1024^3 sgemm ran 22-29 ms
+    instead of 11-14 ms in 4 of 8 runs (its main thread's share took twice the CPU time; OpenBLAS 0.3.31): the
+    reference would flatter zyx. The child waits on its pipe between blocks (no thread spins)."""
+
+    def __init__(self) -> None:
+        import subprocess
+        import sys
+
+        self._proc = subprocess.Popen([sys.executable, "-c", _CLEAN_NUMPY_SERVER], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True)
+
+    def matmul_block(self, n: int, seed: int, calls: int) -> list[float]:
+        """Seconds of each of ``calls`` ``a @ b`` (n x n float32, ``default_rng(seed)``), after a settle and one
+        untimed call."""
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.write(json.dumps([n, seed, calls, SETTLE_S]) + "\n")
+        self._proc.stdin.flush()
+        line = self._proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the NumPy timing process ended (exit {self._proc.wait()})")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self._proc.stdin is not None:
+            self._proc.stdin.close()
+        self._proc.wait(timeout=30)
 
 
 def _torch():
@@ -199,25 +283,32 @@ class _GeneratedOnly:
 
 
 def _matmul_row(args, n: int, generated: bool) -> Row:
-    """zyx's ``A @ B`` (BLAS, or the generated kernel when ``generated``) beside NumPy's and torch's, timed in turns
-    (``interleaved_medians``). Timed in blocks of three, one library after the other, the same torch 1024^3 matmul
-    had measured 23.4 ms in one row and 14.7 ms in the next of the same run. torch multiplies its own copies (views
-    of NumPy's arrays would be in the cache right after NumPy's turn)."""
+    """zyx's ``A @ B`` (BLAS, or the generated kernel when ``generated``) beside NumPy's (in a clean process:
+    ``CleanNumpy``) and torch's, in settled blocks taken in turns (``settled_blocks``). One block per library, one
+    after the other, the same torch 1024^3 matmul had measured 23.4 ms in one row and 14.7 ms in the next of the
+    same run; single calls in turns timed zyx and torch while NumPy's OpenBLAS threads still spun (39-40 ms instead
+    of 14-16). torch multiplies its own copies (views of NumPy's arrays would be in the cache right after NumPy's
+    turn)."""
     rng = np.random.default_rng(2)
     a, b = rng.standard_normal((n, n)).astype(np.float32), rng.standard_normal((n, n)).astype(np.float32)
     A, B = zyx.Tensor(a).realize(), zyx.Tensor(b).realize()
-    fns: dict[str, Callable[[], object]] = {"zyx": lambda: (A @ B).realize(), "numpy": lambda: a @ b}
+    fns: dict[str, Callable[[], object]] = {"zyx": lambda: (A @ B).realize()}
     torch = _torch()
     if torch is not None:
         ta, tb = torch.from_numpy(a.copy()), torch.from_numpy(b.copy())
         fns["torch"] = lambda: ta @ tb
-    rounds = max(5, args.repeats // 2) if not generated else 5
-    with _GeneratedOnly() if generated else contextlib.nullcontext():
-        kinds = {s.kind for s in zyx.debug.schedule(A @ B)}
-        ms = interleaved_medians(fns, rounds, warmup=1)
+    rounds = max(3, args.repeats // 3) if not generated else 3
+    clean = CleanNumpy()
+    try:
+        with _GeneratedOnly() if generated else contextlib.nullcontext():
+            kinds = {s.kind for s in zyx.debug.schedule(A @ B)}
+            ms = settled_blocks(fns, rounds, elsewhere={"numpy": lambda k: clean.matmul_block(n, 2, k)})
+    finally:
+        clean.close()
     path = "library" if "library" in kinds else "generated"
     zyx_ms = ms.pop("zyx")
-    row = Row(f"matmul {n}^3 f32 [{path}]", zyx_ms, note=f"{2 * n**3 / zyx_ms / 1e6:.1f} GFLOP/s; in turns")
+    row = Row(f"matmul {n}^3 f32 [{path}]", zyx_ms,
+              note=f"{2 * n**3 / zyx_ms / 1e6:.1f} GFLOP/s; settled blocks in turns")
     row.refs.update(ms)
     return row
 
@@ -275,7 +366,11 @@ def matmul_generated_autotune(args) -> Row:
     with _GeneratedOnly():
         ms, note = _tuned(args, 30.0, lambda: (A @ B).realize(), 3)
     row = Row(f"matmul {n}^3 f32 [generated, autotuned]", ms, note=f"{2 * n**3 / ms / 1e6:.1f} GFLOP/s; {note}")
-    row.refs["numpy"] = median_ms(lambda: a @ b, 3)
+    clean = CleanNumpy()
+    try:
+        row.refs["numpy"] = statistics.median(clean.matmul_block(n, 2, 3)) * 1e3
+    finally:
+        clean.close()
     row.refs["heuristics"] = untuned
     torch = _torch()
     if torch is not None:

@@ -1,0 +1,39 @@
+"""The benchmark's timing helpers (not timings): settled blocks in turns and NumPy timed in a clean process."""
+
+from __future__ import annotations
+
+import pytest
+
+from zyx import bench
+
+
+@pytest.fixture(autouse=True)
+def no_settle(monkeypatch):
+    monkeypatch.setattr(bench, "SETTLE_S", 0.0)
+
+
+def test_settled_blocks_times_every_function_and_block() -> None:
+    calls = {"a": 0, "b": 0}
+
+    def fn(k):
+        def run():
+            calls[k] += 1
+        return run
+
+    seen = []
+    ms = bench.settled_blocks({"a": fn("a"), "b": fn("b")}, rounds=2, per_block=3,
+                              elsewhere={"c": lambda k: seen.append(k) or [0.001] * k})
+    assert set(ms) == {"a", "b", "c"}
+    assert calls == {"a": 8, "b": 8}  # per round: one untimed call, then the block
+    assert seen == [3, 3] and ms["c"] == pytest.approx(1.0)
+    assert all(v >= 0 for v in ms.values())
+
+
+def test_clean_numpy_times_a_matmul_in_another_process() -> None:
+    clean = bench.CleanNumpy()
+    try:
+        times = clean.matmul_block(8, 2, 4)
+        assert len(times) == 4 and all(0 < t < 1 for t in times)
+    finally:
+        clean.close()
+    assert clean._proc.returncode == 0
