@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import os
@@ -80,7 +81,7 @@ def settled_blocks(fns: dict[str, Callable[[], object]], rounds: int, per_block:
     block each), every block after ``settle`` and one untimed call: each library runs with its own threads awake
     and the others' idle, and drifts of the machine fall on every library alike. For multi-threaded work
     (``interleaved_medians`` would time one library while another's threads still spin). ``elsewhere``: blocks
-    timed in another process (``CleanNumpy.matmul_block``), given the block size, returning seconds per call."""
+    timed in another process (``CleanNumpy.block``), given the block size, returning seconds per call."""
     times: dict[str, list[float]] = {k: [] for k in (*fns, *(elsewhere or {}))}
     for _ in range(rounds):
         for k, fn in fns.items():
@@ -98,29 +99,30 @@ def settled_blocks(fns: dict[str, Callable[[], object]], rounds: int, per_block:
 _CLEAN_NUMPY_SERVER = """
 import json, sys, time
 import numpy as np
-arrays = {}
+spaces = {}
 for line in sys.stdin:
-    n, seed, k, settle_s = json.loads(line)
-    if (n, seed) not in arrays:
-        rng = np.random.default_rng(seed)
-        arrays[(n, seed)] = tuple(rng.standard_normal((n, n)).astype(np.float32) for _ in range(2))
-    a, b = arrays[(n, seed)]
+    setup, stmt, k, settle_s = json.loads(line)
+    ns = spaces.get(setup)
+    if ns is None:
+        ns = spaces[setup] = {"np": np}
+        exec(setup, ns)
+    fn = eval("lambda: " + stmt, ns)
     time.sleep(settle_s)
-    a @ b
+    fn()
     ts = []
     for _ in range(k):
         t0 = time.perf_counter()
-        a @ b
+        fn()
         ts.append(time.perf_counter() - t0)
     print(json.dumps(ts), flush=True)
 """
 
 
 class CleanNumpy:
-    """NumPy's matmul timed in a child process that imports nothing but NumPy. In this process, once zyx's BLAS
-    runner has called NumPy's OpenBLAS from its OpenMP threads, NumPy's own two-thread 1024^3 sgemm ran 22-29 ms
-    instead of 11-14 ms in 4 of 8 runs (its main thread's share took twice the CPU time; OpenBLAS 0.3.31): the
-    reference would flatter zyx. The child waits on its pipe between blocks (no thread spins)."""
+    """NumPy code timed in a child process that imports nothing but NumPy. In zyx's process, once zyx's BLAS runner
+    has called NumPy's OpenBLAS from its OpenMP threads, NumPy's own two-thread 1024^3 sgemm ran 22-29 ms instead of
+    11-14 ms in 4 of 8 runs (its main thread's share took twice the CPU time; OpenBLAS 0.3.31): a reference timed
+    there would flatter zyx. The child waits on its pipe between blocks (no thread spins)."""
 
     def __init__(self) -> None:
         import subprocess
@@ -129,21 +131,37 @@ class CleanNumpy:
         self._proc = subprocess.Popen([sys.executable, "-c", _CLEAN_NUMPY_SERVER], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, text=True)
 
-    def matmul_block(self, n: int, seed: int, calls: int) -> list[float]:
-        """Seconds of each of ``calls`` ``a @ b`` (n x n float32, ``default_rng(seed)``), after a settle and one
-        untimed call."""
+    def block(self, setup: str, stmt: str, calls: int) -> list[float]:
+        """Seconds of each of ``calls`` evaluations of ``stmt`` after a settle and one untimed evaluation; ``setup``
+        (run once per distinct text, with ``np`` imported) defines what ``stmt`` reads."""
         assert self._proc.stdin is not None and self._proc.stdout is not None
-        self._proc.stdin.write(json.dumps([n, seed, calls, SETTLE_S]) + "\n")
+        self._proc.stdin.write(json.dumps([setup, stmt, calls, SETTLE_S]) + "\n")
         self._proc.stdin.flush()
         line = self._proc.stdout.readline()
         if not line:
             raise RuntimeError(f"the NumPy timing process ended (exit {self._proc.wait()})")
         return json.loads(line)
 
+    def median_ms(self, setup: str, stmt: str, calls: int) -> float:
+        return statistics.median(self.block(setup, stmt, calls)) * 1e3
+
     def close(self) -> None:
         if self._proc.stdin is not None:
             self._proc.stdin.close()
         self._proc.wait(timeout=30)
+
+
+def _square_operands(n: int, seed: int) -> str:
+    """NumPy source making ``a`` and ``b``, the float32 n x n operands ``_matmul_operands`` makes."""
+    return (f"rng = np.random.default_rng({seed})\n"
+            f"a, b = (rng.standard_normal(({n}, {n})).astype(np.float32) for _ in range(2))")
+
+
+def _matmul_operands(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The operands ``_square_operands`` describes, made in this process (the same source: the same values)."""
+    ns: dict = {"np": np}
+    exec(_square_operands(n, seed), ns)
+    return ns["a"], ns["b"]
 
 
 def _torch():
@@ -289,8 +307,7 @@ def _matmul_row(args, n: int, generated: bool) -> Row:
     same run; single calls in turns timed zyx and torch while NumPy's OpenBLAS threads still spun (39-40 ms instead
     of 14-16). torch multiplies its own copies (views of NumPy's arrays would be in the cache right after NumPy's
     turn)."""
-    rng = np.random.default_rng(2)
-    a, b = rng.standard_normal((n, n)).astype(np.float32), rng.standard_normal((n, n)).astype(np.float32)
+    a, b = _matmul_operands(n, 2)
     A, B = zyx.Tensor(a).realize(), zyx.Tensor(b).realize()
     fns: dict[str, Callable[[], object]] = {"zyx": lambda: (A @ B).realize()}
     torch = _torch()
@@ -302,7 +319,8 @@ def _matmul_row(args, n: int, generated: bool) -> Row:
     try:
         with _GeneratedOnly() if generated else contextlib.nullcontext():
             kinds = {s.kind for s in zyx.debug.schedule(A @ B)}
-            ms = settled_blocks(fns, rounds, elsewhere={"numpy": lambda k: clean.matmul_block(n, 2, k)})
+            numpy_block = functools.partial(clean.block, _square_operands(n, 2), "a @ b")
+            ms = settled_blocks(fns, rounds, elsewhere={"numpy": numpy_block})
     finally:
         clean.close()
     path = "library" if "library" in kinds else "generated"
@@ -358,8 +376,7 @@ def _tuned(args, budget_s: float, run: Callable[[], object], repeats: int) -> tu
 def matmul_generated_autotune(args) -> Row:
     """The generated matmul (no BLAS) with autotuning on (budget 30 s, then cached), beside the heuristics' kernel."""
     n = 1 << (args.scale // 2)
-    rng = np.random.default_rng(2)
-    a, b = rng.standard_normal((n, n)).astype(np.float32), rng.standard_normal((n, n)).astype(np.float32)
+    a, b = _matmul_operands(n, 2)
     A, B = zyx.Tensor(a).realize(), zyx.Tensor(b).realize()
     with _GeneratedOnly():
         untuned = median_ms(lambda: (A @ B).realize(), 3, warmup=1)
@@ -368,7 +385,7 @@ def matmul_generated_autotune(args) -> Row:
     row = Row(f"matmul {n}^3 f32 [generated, autotuned]", ms, note=f"{2 * n**3 / ms / 1e6:.1f} GFLOP/s; {note}")
     clean = CleanNumpy()
     try:
-        row.refs["numpy"] = statistics.median(clean.matmul_block(n, 2, 3)) * 1e3
+        row.refs["numpy"] = clean.median_ms(_square_operands(n, 2), "a @ b", 3)
     finally:
         clean.close()
     row.refs["heuristics"] = untuned
@@ -405,11 +422,9 @@ def softmax_autotune(args) -> Row:
 
 @case
 def mlp_forward(args) -> Row:
-    rng = np.random.default_rng(4)
-    sizes = [784, 1024, 1024, 10]
-    x = rng.standard_normal((256, 784)).astype(np.float32)
-    ws = [(rng.standard_normal((i, o)) / np.sqrt(i)).astype(np.float32) for i, o in zip(sizes, sizes[1:])]
-    bs = [np.zeros(o, np.float32) for o in sizes[1:]]
+    ns: dict = {"np": np}
+    exec(_MLP_SETUP, ns)
+    x, ws, bs = ns["x"], ns["ws"], ns["bs"]
     X = zyx.Tensor(x).realize()
     W = [zyx.Tensor(w).realize() for w in ws]
     Bz = [zyx.Tensor(b).realize() for b in bs]
@@ -423,16 +438,11 @@ def mlp_forward(args) -> Row:
         return h.realize()
 
     row = Row("MLP forward 256x784-1024-1024-10 f32", median_ms(fwd_zyx, args.repeats))
-
-    def fwd_np():
-        h = x
-        for i, (w, b) in enumerate(zip(ws, bs)):
-            h = h @ w + b
-            if i < len(ws) - 1:
-                h = np.maximum(h, 0)
-        return h
-
-    row.refs["numpy"] = median_ms(fwd_np, args.repeats)
+    clean = CleanNumpy()  # NumPy's matmuls in zyx's process may be slowed (``CleanNumpy``)
+    try:
+        row.refs["numpy"] = clean.median_ms(_MLP_SETUP, "fwd()", args.repeats)
+    finally:
+        clean.close()
     torch = _torch()
     if torch is not None:
         tx = torch.from_numpy(x)
@@ -449,6 +459,23 @@ def mlp_forward(args) -> Row:
 
         row.refs["torch"] = median_ms(fwd_torch, args.repeats)
     return row
+
+
+_MLP_SETUP = """
+rng = np.random.default_rng(4)
+sizes = [784, 1024, 1024, 10]
+x = rng.standard_normal((256, 784)).astype(np.float32)
+ws = [(rng.standard_normal((i, o)) / np.sqrt(i)).astype(np.float32) for i, o in zip(sizes, sizes[1:])]
+bs = [np.zeros(o, np.float32) for o in sizes[1:]]
+
+def fwd():
+    h = x
+    for i, (w, b) in enumerate(zip(ws, bs)):
+        h = h @ w + b
+        if i < len(ws) - 1:
+            h = np.maximum(h, 0)
+    return h
+"""
 
 
 @case
