@@ -296,6 +296,17 @@ def _square_scale(s: np.ndarray, d: DType, axis: Any, keepdim: bool, std: bool) 
         return np.where(n * mean_sq > big, np.inf, np.sqrt(mean_sq / TOL[d]) if std else mean_sq)
 
 
+def _singular_scale(scale: np.ndarray, s: np.ndarray, x: Val, tol: float) -> np.ndarray:
+    """Error scale of log/log2/sqrt/rsqrt/reciprocal of ``x`` (input error scale ``s``): grows as ``s / |x|``, and is
+    unbounded where ``x`` is approximate with an error bound (``tol * s``) reaching its magnitude: its sign is not
+    known, so the result may be nan on one side only (found by the fuzzer: log(16 * tan(2^62)), where tan beyond
+    2^44 is documented as meaningless; NumPy's is 0.988, zyx's -1.83)."""
+    a = np.abs(x.arr.astype(np.float64))
+    with np.errstate(all="ignore"):
+        scale = scale + s / a
+        return scale if x.exact else np.where(tol * s >= a, np.inf, scale)
+
+
 def _var_dtype(x: np.ndarray) -> DType:
     """The float dtype zyx computes var/std of ``x`` in."""
     return zdt(_ffloat(x))
@@ -698,7 +709,7 @@ class Builder:
                 elif kind in ("unary", "singular"):
                     scale = r + ss[0] * (1 + r)
                     if kind == "singular":
-                        scale = scale + ss[0] / np.abs(ins_vals[0].arr.astype(np.float64))
+                        scale = _singular_scale(scale, ss[0], ins_vals[0], TOL[d])
                 else:
                     m = max((float(np.max(s)) if s.size else 0.0) for s in ss)
                     scale = r + m * (1 + r)

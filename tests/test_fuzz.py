@@ -19,7 +19,7 @@ import warnings
 
 import numpy as np
 import pytest
-from fuzz_programs import TOL, Program, Val, _square_scale, compare, programs, run_zyx
+from fuzz_programs import TOL, Program, Val, _singular_scale, _square_scale, compare, programs, run_zyx
 from hypothesis import HealthCheck, Phase, given, note, seed, settings
 
 EXAMPLES = int(os.environ.get("ZYX_FUZZ_EXAMPLES", "300"))
@@ -139,3 +139,21 @@ def test_var_error_scale_covers_the_sum_of_squares(device: str) -> None:
     one = np.array([3.0, 4.0])  # mean(s^2) = 12.5, far from any bound: the scale itself
     assert float(_square_scale(one, dtypes.float32, None, False, std=True)) == pytest.approx(
         np.sqrt(12.5 / TOL[dtypes.float32]))
+
+
+def test_log_of_a_value_of_unknown_sign_may_be_nan() -> None:
+    """Found by a random run (seed 88888, host): log(16 * tan(2^62)). tan beyond 2^44 is meaningless (documented in
+    zyx/kernel/c_math.py; zyx gives -1.83, NumPy 0.988), so its error bound exceeds its magnitude and log of it may
+    be nan. An exact input, or one whose error bound is below its magnitude, keeps a finite scale."""
+    from zyx import dtypes
+
+    tol = TOL[dtypes.float32]
+    v = Val(np.asarray(np.float32(15.8)), np.asarray(9.2e18), exact=False)
+    scale = _singular_scale(np.asarray(2.76), np.asarray(9.2e18), v, tol)
+    assert np.isinf(scale)
+    assert compare(np.asarray(np.float32(np.nan)), Val(np.asarray(np.float32(2.76)), scale, exact=False)) is None
+    near = _singular_scale(np.asarray(2.76), np.asarray(15.8), v, tol)  # error bound 1.2e-4 of 15.8
+    assert np.isfinite(near) and float(near) == pytest.approx(2.76 + 1.0)
+    exact = Val(np.asarray(np.float32(15.8)), np.asarray(9.2e18), exact=True)
+    assert np.isfinite(_singular_scale(np.asarray(2.76), np.asarray(9.2e18), exact, tol))
+    assert compare(np.asarray(np.float32(np.nan)), Val(np.asarray(np.float32(2.76)), near, exact=False)) is not None
