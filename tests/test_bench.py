@@ -34,12 +34,9 @@ def test_clean_numpy_times_a_matmul_in_another_process() -> None:
     a, b = bench._matmul_operands(8, 2)
     # the child's operands are this process's: its setup fails (and the child ends) otherwise
     check = f"\nassert a.tobytes().hex() == {a.tobytes().hex()!r} and b.tobytes().hex() == {b.tobytes().hex()!r}"
-    clean = bench.CleanNumpy()
-    try:
+    with bench.CleanNumpy() as clean:
         times = clean.block(bench._square_operands(8, 2) + check, "a @ b", 4)
         assert len(times) == 4 and all(0 < t < 1 for t in times)
         assert not np.array_equal(a, b)
         with pytest.raises(RuntimeError, match="NumPy timing process ended"):
             clean.block("assert False", "0", 1)
-    finally:
-        clean.close()

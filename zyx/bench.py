@@ -150,6 +150,12 @@ class CleanNumpy:
             self._proc.stdin.close()
         self._proc.wait(timeout=30)
 
+    def __enter__(self) -> CleanNumpy:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
 def _square_operands(n: int, seed: int) -> str:
     """NumPy source making ``a`` and ``b``, the float32 n x n operands ``_matmul_operands`` makes."""
@@ -157,10 +163,16 @@ def _square_operands(n: int, seed: int) -> str:
             f"a, b = (rng.standard_normal(({n}, {n})).astype(np.float32) for _ in range(2))")
 
 
+def _numpy_setup(setup: str) -> dict:
+    """The names NumPy source ``setup`` defines, run in this process (``CleanNumpy`` runs the same text there)."""
+    ns: dict = {"np": np}
+    exec(setup, ns)
+    return ns
+
+
 def _matmul_operands(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """The operands ``_square_operands`` describes, made in this process (the same source: the same values)."""
-    ns: dict = {"np": np}
-    exec(_square_operands(n, seed), ns)
+    ns = _numpy_setup(_square_operands(n, seed))
     return ns["a"], ns["b"]
 
 
@@ -315,14 +327,10 @@ def _matmul_row(args, n: int, generated: bool) -> Row:
         ta, tb = torch.from_numpy(a.copy()), torch.from_numpy(b.copy())
         fns["torch"] = lambda: ta @ tb
     rounds = max(3, args.repeats // 3) if not generated else 3
-    clean = CleanNumpy()
-    try:
-        with _GeneratedOnly() if generated else contextlib.nullcontext():
-            kinds = {s.kind for s in zyx.debug.schedule(A @ B)}
-            numpy_block = functools.partial(clean.block, _square_operands(n, 2), "a @ b")
-            ms = settled_blocks(fns, rounds, elsewhere={"numpy": numpy_block})
-    finally:
-        clean.close()
+    with CleanNumpy() as clean, _GeneratedOnly() if generated else contextlib.nullcontext():
+        kinds = {s.kind for s in zyx.debug.schedule(A @ B)}
+        numpy_block = functools.partial(clean.block, _square_operands(n, 2), "a @ b")
+        ms = settled_blocks(fns, rounds, elsewhere={"numpy": numpy_block})
     path = "library" if "library" in kinds else "generated"
     zyx_ms = ms.pop("zyx")
     row = Row(f"matmul {n}^3 f32 [{path}]", zyx_ms,
@@ -383,11 +391,8 @@ def matmul_generated_autotune(args) -> Row:
     with _GeneratedOnly():
         ms, note = _tuned(args, 30.0, lambda: (A @ B).realize(), 3)
     row = Row(f"matmul {n}^3 f32 [generated, autotuned]", ms, note=f"{2 * n**3 / ms / 1e6:.1f} GFLOP/s; {note}")
-    clean = CleanNumpy()
-    try:
+    with CleanNumpy() as clean:
         row.refs["numpy"] = clean.median_ms(_square_operands(n, 2), "a @ b", 3)
-    finally:
-        clean.close()
     row.refs["heuristics"] = untuned
     torch = _torch()
     if torch is not None:
@@ -422,8 +427,7 @@ def softmax_autotune(args) -> Row:
 
 @case
 def mlp_forward(args) -> Row:
-    ns: dict = {"np": np}
-    exec(_MLP_SETUP, ns)
+    ns = _numpy_setup(_MLP_SETUP)
     x, ws, bs = ns["x"], ns["ws"], ns["bs"]
     X = zyx.Tensor(x).realize()
     W = [zyx.Tensor(w).realize() for w in ws]
@@ -438,11 +442,8 @@ def mlp_forward(args) -> Row:
         return h.realize()
 
     row = Row("MLP forward 256x784-1024-1024-10 f32", median_ms(fwd_zyx, args.repeats))
-    clean = CleanNumpy()  # NumPy's matmuls in zyx's process may be slowed (``CleanNumpy``)
-    try:
+    with CleanNumpy() as clean:  # NumPy's matmuls in zyx's process may be slowed (``CleanNumpy``)
         row.refs["numpy"] = clean.median_ms(_MLP_SETUP, "fwd()", args.repeats)
-    finally:
-        clean.close()
     torch = _torch()
     if torch is not None:
         tx = torch.from_numpy(x)
