@@ -150,7 +150,7 @@ def _rss_mb() -> float:
 
 def test_memory_flat_over_many_rounds(device, rng):
     """Many rounds of realize + read-back leave no graph class, no pool buffer and no RSS behind. The emulated GPU
-    runs fewer rounds (a round there costs ~2 ms of thread hand-offs): the class and buffer counts are exact."""
+    runs fewer rounds (a round there costs 2-12 ms of thread hand-offs): the class and buffer counts are exact."""
     x = zyx.Tensor(rng.random((32, 32), np.float32), device=device)
     pool = registry.registry().get(device).pool
 
@@ -164,7 +164,7 @@ def test_memory_flat_over_many_rounds(device, rng):
     rounds(300)
     gc.collect()
     before_rss, before_nodes, before_buffers = _rss_mb(), node.live_classes(), pool.live_buffers()
-    rounds(10_000 if device == "host" else 3_000)
+    rounds(10_000 if device == "host" else 1_500)
     gc.collect()
     assert node.live_classes() <= before_nodes + 5
     assert pool.live_buffers() == before_buffers

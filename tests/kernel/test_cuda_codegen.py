@@ -15,6 +15,7 @@ import math
 import re
 import shutil
 import subprocess
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -364,6 +365,30 @@ def test_check_batch_names_the_failing_kernel():
     assert "1 of" in ei.value.context
     nvrtc.check_batch([good], "sm_80")
     assert nvrtc.is_checked(good, "sm_80")
+
+
+def _fresh_kernel(body: str) -> str:
+    """A kernel source no earlier run checked (a random constant in it)."""
+    return f'extern "C" __global__ void fresh_{uuid.uuid4().hex}(float* p) {{ p[0] = 1.0f; {body} }}\n'
+
+
+@needs_nvrtc
+def test_check_batch_still_assembles_inline_ptx():
+    """The batch check compiles at NVRTC's fastest effort (``CHECK_OPTIONS``) but still runs ptxas: an inline
+    PTX instruction that does not exist fails the check, as it fails a real compile."""
+    bad = _fresh_kernel('asm volatile("mma.sync.no_such_shape.f32 %0;" :: "f"(p[1]));')
+    with pytest.raises(BackendError, match="fresh_"):
+        nvrtc.check_batch([_fresh_kernel(""), bad], "sm_90")
+    with pytest.raises(BackendError):
+        nvrtc.compile_cubin(bad, "bad", "sm_90")
+
+
+@needs_nvrtc
+def test_check_batch_drops_options_this_nvrtc_rejects(monkeypatch):
+    monkeypatch.setattr(nvrtc, "_check_options", ("--no-such-nvrtc-option",))
+    src = _fresh_kernel("")
+    assert nvrtc.check_batch([src, _fresh_kernel("p[1] = 2.0f;")], "sm_80") == 2
+    assert nvrtc.is_checked(src, "sm_80") and nvrtc._check_options == ()
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -33,6 +33,10 @@ from zyx.backends.host.compiler import cache_dir
 INSTALL_HINT = "pip install 'zyx[cuda]'"
 BASE_OPTIONS = ("--std=c++17", "--fmad=false")  # no contraction: elementwise results round as the host's
 _ARCH = re.compile(r"^(?:sm_)?(\d{2,3}[a-z]?)$")
+# What ``check_batch`` adds: the whole pipeline (front end, NVVM, ptxas: inline PTX is assembled) at its lowest
+# optimization effort, 5x faster than the default (64 kernels: 0.46 s instead of 2.5 s, NVRTC 13.5). A check only
+# asks whether a source compiles; what runs is compiled with ``options`` alone. NVRTC before 12.8 lacks the option.
+CHECK_OPTIONS = ("--Ofast-compile=max",)
 
 
 def _nvrtc():
@@ -157,17 +161,22 @@ def _log(prog) -> str:
     return buf.rstrip(b"\0").decode(errors="replace").strip()
 
 
-def _compile(source: str, name: str, opts: list[str], key: str) -> bytes:
+def _compile(source: str, name: str, opts: list[str], key: str, cubin: bool = True) -> bytes:
+    """The cubin of ``source`` (b"" when ``cubin`` is false: only whether it compiles)."""
     nvrtc = _nvrtc()
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], [])
     _check(err, f"nvrtcCreateProgram for kernel {name}")
     try:
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+        if err == nvrtc.nvrtcResult.NVRTC_ERROR_INVALID_OPTION and not cubin:
+            raise _InvalidOption
         if err:
             src_path = _cuda_cache() / f"{key}.cu"
             _write_atomic(src_path, source.encode())
             raise BackendError(ErrorStatus.COMPILATION,
                                f"NVRTC failed on kernel {name} ({' '.join(opts)}; source: {src_path}):\n{_log(prog)}")
+        if not cubin:
+            return b""
         err, size = nvrtc.nvrtcGetCUBINSize(prog)
         _check(err, f"nvrtcGetCUBINSize for kernel {name}")
         if size == 0:
@@ -179,6 +188,10 @@ def _compile(source: str, name: str, opts: list[str], key: str) -> bytes:
         return buf
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
+
+
+class _InvalidOption(Exception):
+    """NVRTC rejected an option (``CHECK_OPTIONS`` on an NVRTC that predates it)."""
 
 
 _SOURCES: dict[bytes, str] = {}
@@ -244,7 +257,7 @@ def check_batch(sources: Sequence[str], arch: str) -> int:
     if together:
         program = "".join(_in_namespace(f"zyx_batch_{i}", s) for i, s in enumerate(together))
         try:
-            _compile(program, f"batch of {len(together)}", options(program, arch), cache_key(program, []))
+            _check_compiles(program, f"batch of {len(together)}", options(program, arch))
         except BackendError:
             errors = _failures_alone(together, arch)
             if not errors:
@@ -256,6 +269,22 @@ def check_batch(sources: Sequence[str], arch: str) -> int:
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.touch()
     return len(todo)
+
+
+def _check_compiles(source: str, name: str, opts: list[str]) -> None:
+    """Compile ``source`` with ``CHECK_OPTIONS`` too where this NVRTC has them; BackendError if it fails."""
+    global _check_options
+    key = cache_key(source, [])
+    if _check_options:
+        try:
+            _compile(source, name, [*opts, *_check_options], key, cubin=False)
+            return
+        except _InvalidOption:
+            _check_options = ()
+    _compile(source, name, opts, key, cubin=False)
+
+
+_check_options = CHECK_OPTIONS  # emptied when this NVRTC rejects them
 
 
 def _in_namespace(ns: str, source: str) -> str:
