@@ -17,9 +17,10 @@ import os
 import signal
 import warnings
 
+import ml_dtypes
 import numpy as np
 import pytest
-from fuzz_programs import TOL, Program, Val, _singular_scale, _square_scale, compare, programs, run_zyx
+from fuzz_programs import TOL, Program, Val, _prod_scale, _singular_scale, _square_scale, compare, programs, run_zyx
 from hypothesis import HealthCheck, Phase, given, note, seed, settings
 
 EXAMPLES = int(os.environ.get("ZYX_FUZZ_EXAMPLES", "300"))
@@ -157,3 +158,24 @@ def test_log_of_a_value_of_unknown_sign_may_be_nan() -> None:
     exact = Val(np.asarray(np.float32(15.8)), np.asarray(9.2e18), exact=True)
     assert np.isfinite(_singular_scale(np.asarray(2.76), np.asarray(9.2e18), exact, tol))
     assert compare(np.asarray(np.float32(np.nan)), Val(np.asarray(np.float32(2.76)), near, exact=False)) is not None
+
+
+def test_a_product_that_can_overflow_in_some_order_may_be_nan(device: str) -> None:
+    """Found by a random run (seed 31203, search on, host): the bfloat16 prod of [2, 0, 0, 0, 3e38] is 0 in order,
+    nan when vector lanes form 2 * 3e38 (inf in float32) first, as PyTorch's float32 prod does for the same pattern
+    32 apart. The error scale is unbounded where some order overflows (or underflows next to large factors), and
+    keeps the product of the scales elsewhere."""
+    import zyx
+    from zyx import dtypes
+
+    x = np.array([2.0, 0.0, 0.0, 0.0, 3.00405527e38], dtype=ml_dtypes.bfloat16)
+    s = np.abs(x.astype(np.float64))  # the generator's error scale of an exact input: its magnitudes
+    scale = _prod_scale(s, dtypes.bfloat16, None, False)
+    assert np.isinf(scale)
+    got = zyx.Tensor(x, device=device).prod().numpy()
+    assert compare(np.asarray(got), Val(np.asarray(np.zeros((), x.dtype)), scale, exact=False)) is None
+    assert np.isfinite(_prod_scale(s, dtypes.float64, None, False))  # float64 holds 6e38
+    ok = np.array([0.5, 3.0, 1e-3, 4.0])  # every order stays in range: the product of the scales
+    assert float(_prod_scale(ok, dtypes.float32, None, False)) == pytest.approx(6e-3)
+    assert np.isinf(_prod_scale(np.array([1e-30, 1e-30, 1e30]), dtypes.float32, None, False))  # 1e-60 first
+    assert np.isfinite(_prod_scale(np.array([1e-30, 1e-30, 0.5]), dtypes.float32, None, False))  # all below 1
