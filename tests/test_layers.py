@@ -65,3 +65,19 @@ def test_no_module_imports_relatively_so_the_check_above_sees_everything():
     for path in ROOT.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             assert not (isinstance(node, ast.ImportFrom) and node.level), f"{path}: relative import"
+
+
+POOL_METHODS = {"allocate", "release", "retain", "host_to_pool", "pool_to_host", "pool_to_pool", "wrap"}
+
+
+def test_the_tensor_layer_moves_data_only_through_the_graph():
+    """The user API (Tensor, autograd, optimizers, nn) never calls a pool: uploads and reads go through
+    ``zyx.graph.transfer``. (``io`` and ``dlpack`` exchange memory with files and other libraries by design.)"""
+    files = [ROOT / n for n in ("tensor.py", "autograd.py", "backward.py", "optim.py")]
+    calls = {}
+    for path in files + sorted((ROOT / "nn").glob("*.py")):
+        called = {n.func.attr for n in ast.walk(ast.parse(path.read_text()))
+                  if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in POOL_METHODS}
+        if called:
+            calls[str(path.relative_to(ROOT.parent))] = sorted(called)
+    assert calls == {}

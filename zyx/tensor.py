@@ -21,8 +21,8 @@ from zyx import capture, dtypes
 from zyx.backends.registry import canonical_name, registry
 from zyx.dtypes import DType
 from zyx.graph import ops as g
-from zyx.graph import schedule
-from zyx.graph.node import Buffer, Class, leaf
+from zyx.graph import schedule, transfer
+from zyx.graph.node import Class
 from zyx.graph.node import var as var_class
 from zyx.ops import Ops
 
@@ -121,19 +121,6 @@ def _np_from(data, dtype: DType | None) -> np.ndarray:
     return arr if arr.flags.c_contiguous else np.array(arr, order="C")
 
 
-def _upload(arr: np.ndarray, device: str) -> Class:
-    """A leaf on ``device`` holding a copy of ``arr`` (staged through the host pool)."""
-    if device == "disk":
-        raise ValueError("tensors cannot be created on 'disk'; save them with zyx.save(path, tensors)")
-    registry().get(device)
-    host = registry().get("host")
-    pool = host.pool
-    bid = pool.allocate(arr.nbytes)
-    pool.host_to_pool(memoryview(arr.reshape(-1).view(np.uint8)), bid)
-    c = leaf(Buffer(pool, bid, arr.nbytes, host.name), arr.shape, dtypes.to_dtype(arr.dtype))
-    return c if device == host.name else g.copy_to(c, device)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -150,7 +137,7 @@ class Tensor:
             t = t.cast(d) if d is not None else t
             self.cls = t.cls
         else:
-            self.cls = _upload(_np_from(data, d), _device(device))
+            self.cls = transfer.upload(_np_from(data, d), _device(device))
         self.requires_grad = bool(requires_grad)
         self.grad: Tensor | None = None
         self._ctx = None
@@ -236,9 +223,7 @@ class Tensor:
         capture.forbid("reading a tensor's value (.numpy(), .item(), .tolist(), float(t), if t: ...)")
         self.realize()
         out = np.empty(self.shape, self.dtype.np_dtype)
-        if out.nbytes:
-            buf = self.cls.buffer
-            buf.pool.pool_to_host(buf.id, memoryview(out.reshape(-1).view(np.uint8)))
+        transfer.read_into(self.cls, out)
         return out
 
     def __array__(self, dtype=None, copy=None):
