@@ -61,6 +61,24 @@ def test_pad_torch_style_and_negative(device, a):
     assert_close(x.pad(((0, 0), (-1, 2), (0, -2))), np.pad(a[:, 1:, :-2], ((0, 0), (0, 2), (0, 0))))
 
 
+def test_pad_numpy_shorthands(device, a):
+    x = zyx.Tensor(a, device=device)
+    assert_close(x.pad(2), np.pad(a, 2))
+    assert_close(x.pad(((1,),)), np.pad(a, ((1,),)))
+    assert_close(x.pad(((1, 2),)), np.pad(a, ((1, 2),)))
+    assert_close(x.pad(((1,), (0, 2), (3,))), np.pad(a, ((1, 1), (0, 2), (3, 3))))  # mixed: NumPy refuses
+
+
+@pytest.mark.parametrize("bad, message", [(((1, 2, 3),) * 3, r"axis 0 needs \(before, after\) or \(both,\)"),
+                                          (((1, 2),) * 2, "2 \\(before, after\\) pairs for a tensor with 3"),
+                                          ((1, 2, 3), "even count up to 6"), (1.5, "expected an int"),
+                                          (((0.5, 1),) * 3, "axis 0's padding must be an int")])
+def test_pad_bad_widths_name_the_problem(bad, message):
+    x = zyx.Tensor(np.zeros((2, 3, 4), np.float32))
+    with pytest.raises((ValueError, TypeError), match=message):
+        x.pad(bad)
+
+
 def test_flip(device, a):
     x = zyx.Tensor(a, device=device)
     assert_close(x.flip(0), np.flip(a, 0))

@@ -1157,18 +1157,35 @@ def _shape_arg(shape) -> tuple[int, ...]:
 
 
 def _pad_arg(pad_width, ndim: int) -> tuple[tuple[int, int], ...]:
+    """Per axis (before, after) from NumPy's forms (an int; one (n,) or (before, after) for every axis; one per
+    axis) or PyTorch's flat (left, right, top, bottom, ...) starting at the last axis."""
+    def count(v, where: str) -> int:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"pad: {where} must be an int, got {v!r}")
+        return int(v)
+
+    if isinstance(pad_width, (int, np.integer)) and not isinstance(pad_width, bool):
+        return ((count(pad_width, "the padding"),) * 2,) * ndim
+    if not isinstance(pad_width, (list, tuple)):
+        raise TypeError(f"pad: expected an int, (before, after) pairs per axis or a flat PyTorch-style sequence, "
+                        f"got {type(pad_width).__name__}")
     pw = list(pad_width)
     if pw and all(isinstance(p, (list, tuple)) for p in pw):
         if len(pw) == 1 and ndim != 1:
             pw = pw * ndim
         if len(pw) != ndim:
             raise ValueError(f"pad: got {len(pw)} (before, after) pairs for a tensor with {ndim} dimension(s)")
-        return tuple((int(a), int(b)) for a, b in pw)
+        out = []
+        for axis, p in enumerate(pw):
+            if len(p) not in (1, 2):
+                raise ValueError(f"pad: axis {axis} needs (before, after) or (both,), got {tuple(p)}")
+            out.append((count(p[0], f"axis {axis}'s padding"), count(p[-1], f"axis {axis}'s padding")))
+        return tuple(out)
     if len(pw) % 2 or len(pw) // 2 > ndim:
         raise ValueError(f"pad: a flat padding needs an even count up to {2 * ndim} values, got {len(pw)}")
     pads = [(0, 0)] * ndim
     for i in range(len(pw) // 2):
-        pads[ndim - 1 - i] = (int(pw[2 * i]), int(pw[2 * i + 1]))
+        pads[ndim - 1 - i] = (count(pw[2 * i], "a padding"), count(pw[2 * i + 1], "a padding"))
     return tuple(pads)
 
 
