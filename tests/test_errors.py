@@ -95,3 +95,16 @@ def test_other_bad_calls(x):
         zyx.randint(5, 5, (2,))
     with pytest.raises(ValueError, match="ambiguous"):
         bool(x)
+
+
+NEGATIVE_SHAPES = [lambda: zyx.full((2, -1), 1.0), lambda: zyx.zeros(3, -2), lambda: zyx.ones((-1,)),
+                   lambda: zyx.randn(-1), lambda: zyx.rand(2, -3), lambda: zyx.eye(-2), lambda: zyx.eye(2, -1),
+                   lambda: zyx.randint(0, 5, (-4,)),
+                   lambda: zyx.Tensor(np.ones((2, 1), np.float32)).broadcast_to((2, -1)),
+                   lambda: zyx.Tensor(np.ones((2, 3), np.float32)).expand(-1, 2, 3)]
+
+
+@pytest.mark.parametrize("make", NEGATIVE_SHAPES)
+def test_negative_dimensions_are_refused_when_the_tensor_is_made(make):
+    with pytest.raises(ValueError, match="negative dimension"):
+        make()

@@ -262,7 +262,7 @@ class Tensor:
     # ---- creation --------------------------------------------------------------------------------------------
     @staticmethod
     def full(shape, value: Scalar, dtype=None, device: str | None = None) -> Tensor:
-        shape = _shape_arg(shape)
+        shape = _new_shape(shape)
         d = dtypes.to_dtype(dtype) if dtype is not None else _scalar_default(value)
         return Tensor._from_class(g.const(value, shape, d, _device(device)))
 
@@ -304,7 +304,7 @@ class Tensor:
 
     @staticmethod
     def eye(n: int, m: int | None = None, dtype=None, device: str | None = None) -> Tensor:
-        m = n if m is None else m
+        n, m = _new_shape((n, n if m is None else m))
         dev = _device(device)
         r = Tensor._from_class(g.iota(n, dtypes.int64, dev)).reshape(n, 1)
         c = Tensor._from_class(g.iota(m, dtypes.int64, dev)).reshape(1, m)
@@ -417,7 +417,7 @@ class Tensor:
         return F.Expand.apply(x, shape=shape) if s != shape else x
 
     def broadcast_to(self, shape) -> Tensor:
-        shape = _shape_arg(shape)
+        shape = _new_shape(shape)
         ok = len(shape) >= self.ndim and all(s == o or s == 1 for s, o in zip(self.shape[::-1], shape[::-1]))
         if not ok:
             raise ValueError(f"cannot broadcast a tensor of shape {self.shape} to shape {tuple(shape)}")
@@ -1156,6 +1156,14 @@ def _shape_arg(shape) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _new_shape(shape) -> tuple[int, ...]:
+    """The shape of a tensor being made: ints, none negative (-1 means "infer" only in reshape and expand)."""
+    shape = _shape_arg(shape)
+    if any(s < 0 for s in shape):
+        raise ValueError(f"a tensor cannot have a negative dimension, got shape {shape}")
+    return shape
+
+
 def _pad_arg(pad_width, ndim: int) -> tuple[tuple[int, int], ...]:
     """Per axis (before, after) from NumPy's forms (an int; one (n,) or (before, after) for every axis; one per
     axis) or PyTorch's flat (left, right, top, bottom, ...) starting at the last axis."""
@@ -1480,7 +1488,7 @@ def manual_seed(seed: int) -> None:
 
 def _random_bits(shape, device: str | None) -> Tensor:
     """64 random bits per element: splitmix64 of (seed, counter + linear index), counter advanced."""
-    shape = _shape_arg(shape)
+    shape = _new_shape(shape)
     n = math.prod(shape)
     dev = _device(device)
     seed = Tensor._from_class(var_class(_seed[0], dtypes.uint64, dev))
