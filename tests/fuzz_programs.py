@@ -288,11 +288,17 @@ def _square_scale(s: np.ndarray, d: DType, axis: Any, keepdim: bool, std: bool) 
     dtype zyx computes in (the reference computes in float64). That is the sum of squared deviations, up to
     n * mean(s^2): it is accumulated before the division by n (found by the fuzzer: float32 var of uint64 values
     near 2^64 is 1.9e37, but the sum of its 20 squared deviations, 3.9e38, is inf in float32, as in NumPy's
-    float32 var)."""
-    big = float(np.finfo(np.float32 if d is dtypes.bfloat16 else d.np_dtype).max) / 8
+    float32 var). At the other end, squares below the smallest subnormal are 0 (found by a random run, seed 141203,
+    host: the bfloat16 std of 79 zeros and 3.0e-34 is 0 in float32, as in NumPy's float32 std; the float64
+    reference says 3.4e-35, and so does PyTorch, which accumulates in double)."""
+    fi = np.finfo(np.float32 if d is dtypes.bfloat16 else d.np_dtype)
+    big = float(fi.max) / 8
     n = math.prod(s.shape[i] for i in _axes(axis, s.ndim))
     with np.errstate(all="ignore"):
         mean_sq = reduce_ref("mean", s * s, axis, keepdim).astype(np.float64)
+        # a square below the smallest subnormal rounds to 0: each loses up to that much, and so does var, n of them
+        # divided by n (an absolute error; std's is its square root)
+        mean_sq = mean_sq + float(fi.smallest_subnormal) / TOL[d]
         return np.where(n * mean_sq > big, np.inf, np.sqrt(mean_sq / TOL[d]) if std else mean_sq)
 
 
