@@ -315,6 +315,25 @@ def test_fuzz_padding_an_empty_reshaped_tensor(device):
     np.testing.assert_array_equal(z.numpy(), np.full((4, 2), -1.0, np.float32))
 
 
+def test_fuzz_a_kernel_never_loads_a_reshape_of_its_own_output(device):
+    """Found by a random run (seed 171203, cuda:0; the host had it too): realized together, an output ``v5``
+    whose kernel was merged with ``v1``'s (same shape, and v5 reads v1) loaded ``v2 = v1.flatten()``, which
+    shares v1's buffer, before the kernel wrote v1: the int8 sum read stale memory (4 or -4 instead of 0)."""
+    v1 = -zyx.full((), 0, dtype=zyx.int8, device=device)
+    v2 = v1.flatten()
+    v4 = (v2 + v2) + (v2 + v2)
+    v5 = v4.sum()
+    zyx.realize(v1, v2, v4, v5)
+    assert int(v5.numpy()) == 0 and v2.numpy().tolist() == [0]
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    x = zyx.Tensor(a, device=device) * 2  # stored, then read through its reshape by a kernel of x's shape
+    y = x.reshape(6)
+    z = (y * 3 + 1).reshape(2, 3)
+    zyx.realize(x, y, z)
+    np.testing.assert_array_equal(z.numpy(), a * 6 + 1)
+    np.testing.assert_array_equal(y.numpy(), (a * 2).reshape(6))
+
+
 # ---- NumPy names ------------------------------------------------------------------------------------------------
 
 

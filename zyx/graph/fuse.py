@@ -187,7 +187,11 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
         result: list[KernelGroup] = []
         grew = False
         for d, group in groups:
-            b = KernelBuilder("k", stored - inline - set(group))
+            # the group computes its members: it reads neither them nor outputs sharing their buffers (a merged
+            # unit that loaded such an alias read its own kernel's output before writing it)
+            members_ = set(group)
+            own_aliases = {by_id[i] for i, src in aliases.items() if src in members_}
+            b = KernelBuilder("k", stored - inline - members_ - own_aliases)
             for c in sorted(group, key=lambda x: position[id(x)]):
                 b.add_output(c)
             # a class's reduce placed in the loops of several other reduces (attention's scores, read by the
