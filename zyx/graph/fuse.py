@@ -189,9 +189,9 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
         for d, group in groups:
             # the group computes its members: it reads neither them nor outputs sharing their buffers (a merged
             # unit that loaded such an alias read its own kernel's output before writing it)
-            members_ = set(group)
-            own_aliases = {by_id[i] for i, src in aliases.items() if src in members_}
-            b = KernelBuilder("k", stored - inline - members_ - own_aliases)
+            in_group = set(group)
+            own_aliases = {by_id[i] for i, src in aliases.items() if src in in_group}
+            b = KernelBuilder("k", stored - inline - in_group - own_aliases)
             for c in sorted(group, key=lambda x: position[id(x)]):
                 b.add_output(c)
             # a class's reduce placed in the loops of several other reduces (attention's scores, read by the
