@@ -302,6 +302,11 @@ def _square_scale(s: np.ndarray, d: DType, axis: Any, keepdim: bool, std: bool) 
         return np.where(n * mean_sq > big, np.inf, np.sqrt(mean_sq / TOL[d]) if std else mean_sq)
 
 
+def _multiply_finfo(d: DType) -> np.finfo:
+    """The range of the type zyx multiplies floats of ``d`` in: float64 for float64, float32 below it."""
+    return np.finfo(np.float64 if d is dtypes.float64 else np.float32)
+
+
 def _prod_scale(s: np.ndarray, d: DType, axis: Any, keepdim: bool) -> np.ndarray:
     """Error scale of a float prod (``s`` the input's float64 error scale): the product of the scales, unbounded
     where some order of the multiplications leaves the range of the dtype zyx multiplies in (float32 below
@@ -310,7 +315,7 @@ def _prod_scale(s: np.ndarray, d: DType, axis: Any, keepdim: bool) -> np.ndarray
     the nonzero factors below 1 (underflow matters only when large factors can meet it). Found by a random run
     (seed 31203, search on, host): the bfloat16 prod of [2, 0, 0, 0, 3e38] is 0 in order, nan in lanes (2 * 3e38
     is inf in float32, then times 0); PyTorch's float32 prod gives nan for the same pattern 32 apart."""
-    fi = np.finfo(np.float64 if d is dtypes.float64 else np.float32)
+    fi = _multiply_finfo(d)
     ax = _axes(axis, s.ndim)
     with np.errstate(all="ignore"):
         scale = reduce_ref("prod", s, axis, keepdim).astype(np.float64)
@@ -327,7 +332,7 @@ def _subnormal_error(n, amplification, d: DType):
     factors scale that loss by at most ``amplification`` (the product of the factors above 1). Found by a random
     run (seed 211203, cuda:0): the float32 cumprod of [0.25, 1e-40, 300.7] rounds 2.5e-41 to a subnormal with 14
     significant bits, and times 300.7 that is 7.517249e-39 where the float64 reference says 7.51746e-39."""
-    sub = float(np.finfo(np.float64 if d is dtypes.float64 else np.float32).smallest_subnormal)
+    sub = float(_multiply_finfo(d).smallest_subnormal)
     return n * sub * amplification / TOL[d]
 
 

@@ -420,8 +420,8 @@ class Tensor:
         shape = _new_shape(shape)
         ok = len(shape) >= self.ndim and all(s == o or s == 1 for s, o in zip(self.shape[::-1], shape[::-1]))
         if not ok:
-            raise ValueError(f"cannot broadcast a tensor of shape {self.shape} to shape {tuple(shape)}")
-        return self._broadcast_to(tuple(shape))
+            raise ValueError(f"cannot broadcast a tensor of shape {self.shape} to shape {shape}")
+        return self._broadcast_to(shape)
 
     def expand(self, *shape) -> Tensor:
         shape = _shape_arg(shape)
