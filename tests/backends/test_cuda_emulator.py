@@ -64,11 +64,11 @@ class Machine:
     """One emulated GPU with the production worker, pool and device on top."""
 
     def __init__(self, seed: int = 0, delay_us: float = 20.0, unsafe: frozenset[str] = frozenset(),
-                 queues: int = 12) -> None:
+                 queues: int = 12, idle_flush_s: float | None = 0.0005) -> None:
         self.emu = EmulatedDriver(EmulatorConfig(seed=seed, delay_us=delay_us, memory=1 << 30))
         self.drv = Driver(self.emu)
         self.drv.init()
-        self.worker = Worker(self.drv, 0, WorkerConfig(queues=queues, unsafe=unsafe))
+        self.worker = Worker(self.drv, 0, WorkerConfig(queues=queues, unsafe=unsafe, idle_flush_s=idle_flush_s))
         self.pool = CudaPool(self.worker)
         self.device = CudaDevice(self.pool, cudnn=False)
 
@@ -436,6 +436,28 @@ def test_graph_replay_follows_changed_arguments_and_releasing_a_kernel_drops_its
     assert machine.worker.call(lambda: len(machine.worker.graphs)) == 1
     machine.device.release(prog)
     assert machine.worker.call(lambda: len(machine.worker.graphs)) == 0
+
+
+def test_one_window_replaying_a_graph_twice_launches_each_with_its_own_arguments():
+    """Found by the jit fuzzer (emulated cuda:0): a batch captured, then replayed with other buffers before the
+    window was submitted. The replay's new arguments were set on the executable graph when it joined the window, so
+    the capture's launch, submitted later, ran with them too: its outputs were never written, and it read buffers
+    that did not exist yet on its stream (CUDA_ERROR_ILLEGAL_ADDRESS)."""
+    m = Machine(idle_flush_s=None)  # the window is submitted only when something is read back
+    try:
+        prog = m.device.compile_source(AXPB, AXPB_SPEC)
+        runs = []
+        for run in range(4):  # run 0 one by one, run 1 captured, runs 2 and 3 replays: one window in all
+            x = m.upload(np.full(N, float(run), np.float32))
+            mid, out = m.pool.allocate(N * 4), m.pool.allocate(N * 4)
+            m.device.launch_batch("step", [(prog, [x, x, mid, 2.0, N]), (prog, [mid, x, out, 1.0, N])])
+            runs.append(out)
+        assert m.emu.graph_launches == 0  # nothing submitted yet
+        for run, out in enumerate(runs):  # out = (x*2 + x)*1 + x = 4x
+            np.testing.assert_array_equal(m.download(out, np.zeros(N, np.float32)), np.full(N, 4.0 * run, np.float32))
+        assert m.emu.graph_launches == 3
+    finally:
+        m.close()
 
 
 def test_captured_graphs_are_bounded_and_destroyed_behind_their_launches(machine, monkeypatch):

@@ -16,8 +16,9 @@ compile, timed launch, sync). Invariants:
 - Graphs: ``replay(key, launches)`` (a cached schedule) runs one by one the first time, is captured as a CUDA graph
   the second time its structure (programs, which arguments are the same buffer) repeats, and is then one window
   command: a graph launch reading the buffers the batch reads before writing and writing all it writes, so it is
-  placed and ordered like any command. Node arguments are updated in place only where they changed (the driver
-  copies them at the call). A batch holding a library program runs one by one. Releasing a program drops the
+  placed and ordered like any command. Node arguments are updated in place only where they changed, right before
+  each graph launch is submitted (the driver copies them at the call, for later launches only; the window may hold
+  several launches of one graph). A batch holding a library program runs one by one. Releasing a program drops the
   graphs that use it.
 - Poison: a buffer stays poisoned until a copy overwrites all of it (an upload or a device copy of a valid
   buffer); later kernels writing it do not clear it, since a kernel may write only part of a buffer.
@@ -669,11 +670,13 @@ class Worker:
             while len(self.graphs) > GRAPH_CACHE:  # the least recently replayed graphs go
                 self._forget_graph(next(iter(self.graphs)))
         else:
-            self._update_graph(rec, launches)
             self.graphs[key] = self.graphs.pop(key)  # most recently used last
         reads, writes = capture.boundary(launches, progs)
         names = ", ".join(dict.fromkeys(p.name for p in progs))
-        self._enqueue(Pending("graph", f"graph of {len(launches)} kernels ({names[:200]})", reads, writes, rec))
+        # the arguments are set on the graph when the launch is submitted: a set affects later launches only, and
+        # the window may already hold a launch of this graph with other buffers
+        self._enqueue(Pending("graph", f"graph of {len(launches)} kernels ({names[:200]})", reads, writes,
+                              (rec, launches)))
 
     def _values(self, prog: _Kernel, args: tuple) -> list:
         buffers = self.buffers
@@ -706,7 +709,7 @@ class Worker:
         return rec
 
     def _update_graph(self, rec: GraphRecord, launches: list[tuple[int, tuple]]) -> None:
-        """New argument values for the nodes whose values changed (the driver copies them at once)."""
+        """(at submission) New argument values for the nodes whose values changed (the driver copies them at once)."""
         drv = self.drv
         for i, ((_, args), prog) in enumerate(zip(launches, rec.programs)):
             values = self._values(prog, args)
@@ -724,7 +727,7 @@ class Worker:
         self._batch_seen.pop(key, None)
         if rec is None:
             return
-        if any(p.kind == "graph" and p.payload is rec for p in self.pending):
+        if any(p.kind == "graph" and p.payload[0] is rec for p in self.pending):
             self._w_flush()
         if self.fatal is not None:
             return
@@ -849,12 +852,13 @@ class Worker:
             if debug_on("launch"):
                 log("launch", f"{self.name} stream {si}: {p.name}")
         elif p.kind == "graph":
-            rec = p.payload
+            rec, launches = p.payload
             for b in p.reads:
                 cause = buffers[b].poison
                 if cause is not None:
                     self._poison(p.writes, f"{p.name} was skipped because its input holds no valid data: {cause}")
                     return
+            self._update_graph(rec, launches)
             for prog in rec.programs:
                 prog.streams.add(si)
             rec.streams.add(si)
