@@ -96,6 +96,34 @@ def test_new_shapes_capture_again_and_the_cache_is_per_signature() -> None:
     np.testing.assert_array_equal(f(zyx.Tensor(np.ones((3, 2), np.float32)), 3.0).numpy(), [9.0, 9.0])
 
 
+def test_one_tensor_passed_twice_is_its_own_signature() -> None:
+    """Captured as ``f(x, x)``, the plan has one leaf; a replay for ``f(x, y)`` read ``y`` for both (30 where
+    12 was due), and the other way round."""
+    x, y = zyx.Tensor(np.ones(4, np.float32)), zyx.Tensor(np.full(4, 10.0, np.float32))
+    for first, then, want in (((x, x), (x, y), 12.0), ((x, y), (x, x), 3.0)):
+        @zyx.jit
+        def f(a, b):
+            return a * 2 + b
+
+        f(*first), f(*first)
+        for _ in range(3):  # a capture of its own, then replays
+            np.testing.assert_array_equal(f(*then).numpy(), np.full(4, want, np.float32))
+        assert f.captures == 2
+
+
+def test_a_tensor_index_inside_is_computed_as_replays_see_it() -> None:
+    """Found by the jit fuzzer: ``x[None, i]`` with an argument ``i`` read ``i`` to check its range while capturing
+    (a CaptureError); inside a jitted function a tensor index is computed, as a lazily computed one is."""
+    @zyx.jit
+    def f(x, i):
+        return x[None, i] * 2
+
+    x = zyx.Tensor(np.arange(5, dtype=np.float32))
+    for k, want in ((1, 2.0), (2, 4.0), (3, 6.0), (-1, 8.0), (7, 0.0)):  # run, capture, replays (7 reads 0)
+        np.testing.assert_array_equal(f(x, zyx.Tensor(np.int64(k))).numpy(), [want])
+    assert f.captures == 1
+
+
 def test_reading_a_value_inside_is_an_error_that_says_why() -> None:
     @zyx.jit
     def f(x):

@@ -12,10 +12,10 @@
         loss = step(zyx.Tensor(xb), zyx.Tensor(yb))  # call 1 runs as usual, call 2 captures, then replays
         print(loss.item())
 
-Per input signature (shapes, dtypes, devices of the tensor arguments, the values of the other arguments)
-the first call runs the function as usual, the second runs it while recording every realize (the plans and
-the buffers they read), and later calls replay the recorded plans: no graph is built, nothing is planned or
-compiled; on CUDA each plan is one captured CUDA graph.
+Tensor arguments are realized first. Per input signature (shapes, dtypes, devices of the tensor arguments, which of
+them hold the same buffer, the values of the other arguments) the first call runs the function as usual, the second
+runs it while recording every realize (the plans and the buffers they read), and later calls replay the recorded
+plans: no graph is built, nothing is planned or compiled; on CUDA each plan is one captured CUDA graph.
 
 What a replay binds, by where each buffer a recorded plan read came from:
 - an argument tensor's buffer: that argument's buffer in the new call;
@@ -116,7 +116,8 @@ class Jitted:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         tensors: list[Tensor] = []
         shape = _flatten((args, kwargs), tensors)
-        key = (_signature(shape), tuple((t.shape, t.dtype, t.device) for t in tensors))
+        realize(*tensors)
+        key = (_signature(shape), tuple((t.shape, t.dtype, t.device) for t in tensors), _aliasing(tensors))
         program = self._programs.get(key)
         if program is not None:
             self._programs.move_to_end(key)
@@ -136,7 +137,6 @@ class Jitted:
     def _capture(self, args: tuple, kwargs: dict, tensors: list[Tensor]) -> tuple[Any, _Program]:
         if capture.active is not None or schedule.recording is not None:
             raise capture.CaptureError(f"zyx.jit({self.name}) was called inside another jitted function")
-        realize(*tensors)
         arg_buffers = {id(t.cls.buffer): i for i, t in enumerate(tensors)}
         cap = capture.Capture(self.name)
         records: list[schedule.Recorded] = []
@@ -164,8 +164,8 @@ class Jitted:
 
     # ---- replay ----------------------------------------------------------------------------------------------
     def _replay(self, program: _Program, tensors: list[Tensor]) -> Any:
-        if not all(t.cls.realized for t in (*tensors, *program.state)):
-            realize(*tensors, *program.state)
+        if not all(t.cls.realized for t in program.state):
+            realize(*program.state)
         args = [t.cls.buffer for t in tensors]
         state = [t.cls.buffer for t in program.state]
         for hook in program.hooks:
@@ -179,6 +179,13 @@ class Jitted:
         outs = [Tensor._from_class(leaf(_value(b, args, produced, state), shape, dtype))
                 for b, (shape, dtype) in zip(program.outputs, program.out_meta)]
         return _unflatten(program.structure, outs)
+
+
+def _aliasing(tensors: list[Tensor]) -> tuple[int, ...]:
+    """Per (realized) tensor argument, the first argument holding the same buffer: a capture with ``f(x, x)`` saw one
+    leaf where ``f(x, y)`` has two, so the two calls have different signatures."""
+    first: dict[int, int] = {}
+    return tuple(first.setdefault(id(t.cls.buffer), i) for i, t in enumerate(tensors))
 
 
 def _signature(obj: Any) -> Any:

@@ -1351,7 +1351,7 @@ def _index_tensor(idx, x: Tensor, axis: int) -> Tensor:
     if not t.dtype.is_int:
         raise IndexError(f"tensors used as indices must be integers, got {t.dtype.name}")
     n = x.shape[axis]
-    if t.cls.realized and t.device == "host":
+    if t.cls.realized and t.device == "host" and capture.active is None:  # captured: computed, as replays see it
         vals = t.numpy()
         if vals.size and (vals.min() < -n or vals.max() >= n):
             bad = vals[(vals < -n) | (vals >= n)].reshape(-1)[0]
