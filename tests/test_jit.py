@@ -111,6 +111,20 @@ def test_one_tensor_passed_twice_is_its_own_signature() -> None:
         assert f.captures == 2
 
 
+def test_an_argument_assigned_inside_is_the_new_calls_argument() -> None:
+    """A replay rebound the tensor the capture was given, not the argument of its own call."""
+    @zyx.jit
+    def f(x):
+        x.assign(x + 1)
+        return x * 10
+
+    for k in range(5):
+        t = zyx.Tensor(np.full(2, float(k), np.float32))
+        np.testing.assert_array_equal(f(t).numpy(), [10.0 * (k + 1)] * 2)
+        np.testing.assert_array_equal(t.numpy(), [k + 1.0] * 2)
+    assert f.captures == 1
+
+
 def test_a_tensor_index_inside_is_computed_as_replays_see_it() -> None:
     """Found by the jit fuzzer: ``x[None, i]`` with an argument ``i`` read ``i`` to check its range while capturing
     (a CaptureError); inside a jitted function a tensor index is computed, as a lazily computed one is."""

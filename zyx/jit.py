@@ -22,7 +22,8 @@ What a replay binds, by where each buffer a recorded plan read came from:
 - a buffer an earlier recorded plan produced: the one it produced in this replay (fresh buffers every call,
   so tensors returned by an earlier call keep their values);
 - the buffer a tensor held before the function rebound it with ``Tensor.assign`` (parameters, optimizer
-  state): what that tensor holds now, and the tensor is rebound to its new value after the replay;
+  state): what that tensor holds now, and the tensor is rebound to its new value after the replay (a tensor
+  argument rebound inside: the new call's argument);
 - anything else (weights only read, constants): the buffer it was at capture, kept alive.
 Launch-argument scalars that code outside the graph advances (optimizer step counters and their scalars,
 the random generator's counter) are advanced by hooks the capture recorded (``zyx.capture.on_replay``).
@@ -60,7 +61,7 @@ class _Program:
 
     steps: list[tuple[schedule.Plan, list[Binding]]]
     hooks: list[Callable[[], None]]
-    state: list[Tensor]  # tensors the call rebinds (their new values: ``finals``)
+    state: list[Tensor | int]  # what the call rebinds (new values: ``finals``): a tensor, or an argument's index
     finals: list[Binding]
     structure: Any  # the returned value with a _Slot in place of every tensor
     outputs: list[Binding]  # per returned tensor, in flattening order
@@ -157,6 +158,8 @@ class Jitted:
             for o, b in enumerate(rec.outputs):
                 made.setdefault(id(b), (r, o))
         finals = [_bind(t.cls, t.cls.buffer, arg_buffers, made, before) for t in state]
+        arg_index = {id(t): i for i, t in enumerate(tensors)}  # an argument rebound is the new call's argument
+        state = [arg_index.get(id(t), t) for t in state]
         outputs = [_bind(t.cls, t.cls.buffer, arg_buffers, made, before) for t in returned]
         program = _Program(steps, list(cap.hooks), state, finals, structure, outputs,
                            [(t.shape, t.dtype) for t in returned])
@@ -164,16 +167,17 @@ class Jitted:
 
     # ---- replay ----------------------------------------------------------------------------------------------
     def _replay(self, program: _Program, tensors: list[Tensor]) -> Any:
-        if not all(t.cls.realized for t in program.state):
-            realize(*program.state)
+        targets = [tensors[s] if isinstance(s, int) else s for s in program.state]
+        if not all(t.cls.realized for t in targets):
+            realize(*targets)
         args = [t.cls.buffer for t in tensors]
-        state = [t.cls.buffer for t in program.state]
+        state = [t.cls.buffer for t in targets]
         for hook in program.hooks:
             hook()
         produced: list[list] = []
         for plan, bindings in program.steps:
             produced.append(schedule.execute(plan, [_value(b, args, produced, state) for b in bindings]))
-        for t, b in zip(program.state, program.finals):
+        for t, b in zip(targets, program.finals):
             t.cls = leaf(_value(b, args, produced, state), t.shape, t.dtype)
         STATS["jit_replays"] += 1
         outs = [Tensor._from_class(leaf(_value(b, args, produced, state), shape, dtype))
