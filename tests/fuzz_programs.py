@@ -546,6 +546,23 @@ class Program:
                 "    print(o.dtype, o.shape, repr(o.numpy()))"]
         return "\n".join(head + self.lines() + tail)
 
+    def jit_source(self, device: str = "host") -> str:
+        """A standalone reproducer of :func:`run_zyx_jit`."""
+        inputs = [i for i, ins in enumerate(self.instrs) if ins.data is not None]
+        params = ", ".join(f"v{i}" for i in inputs)
+        body = [f"    {line}" for i, line in enumerate(self.lines()) if self.instrs[i].data is None]
+        outs = ", ".join(f"v{i}" for i in self.outputs)
+        data = [f"    {array_src(self.instrs[i].data)}," for i in inputs]
+        return "\n".join([
+            "import ml_dtypes", "import numpy as np", "import zyx", "from math import inf, nan", "",
+            f"device = {device!r}", "data = [", *data, "]", "", "@zyx.jit", f"def fn({params}):", *body,
+            f"    return ({outs},)", "",
+            "def flipped(a):", "    return np.roll(a.reshape(-1)[::-1], 1).reshape(a.shape).copy()", "",
+            "for _ in range(2):  # run, capture (with the inputs' values in another order)",
+            "    zyx.realize(*fn(*(zyx.Tensor(flipped(a), device=device) for a in data)))",
+            "for o in fn(*(zyx.Tensor(a.copy(), device=device) for a in data)):  # replay",
+            "    print(o.dtype, o.shape, repr(o.numpy()))"])
+
     def expected_src(self) -> str:
         return "\n".join(f"v{i}: {self.vals[i].arr.dtype} {self.vals[i].arr.shape} {self.vals[i].arr!r}"
                          for i in self.outputs)
@@ -572,6 +589,38 @@ def run_zyx(prog: Program, device: str) -> list[np.ndarray]:
     outs = [env[f"v{i}"] for i in prog.outputs]
     zyx.realize(*outs)
     return [o.numpy() for o in outs]
+
+
+def decoy(a: np.ndarray) -> np.ndarray:
+    """``a``'s values in another order (reversed, then rolled by one): what a jitted program captures with, so that
+    a replay still reading a captured buffer instead of its argument gives a wrong answer."""
+    return np.roll(a.reshape(-1)[::-1], 1).reshape(a.shape).copy()
+
+
+def run_zyx_jit(prog: Program, device: str) -> list[list[np.ndarray]]:
+    """Run the program as a ``zyx.jit`` function of its uploaded inputs: a warm-up call and the capture with
+    :func:`decoy` inputs, then two replays on the real inputs (fresh tensors each). Returns both replays' outputs."""
+    inputs = [i for i, ins in enumerate(prog.instrs) if ins.data is not None]
+
+    def fn(*args: zyx.Tensor) -> tuple:
+        env: dict[str, Any] = {"zyx": zyx, "np": np, "ml_dtypes": ml_dtypes, "device": device, "inf": math.inf,
+                               "nan": math.nan}
+        env.update((f"v{i}", a) for i, a in zip(inputs, args))
+        for i, ins in enumerate(prog.instrs):
+            if ins.data is None:
+                env[f"v{i}"] = eval(ins.template.format(*(f"v{a}" for a in ins.args)), env)  # noqa: S307
+        return tuple(env[f"v{i}"] for i in prog.outputs)
+
+    jitted = zyx.jit(fn)
+    for _ in range(2):
+        outs = jitted(*(zyx.Tensor(decoy(prog.instrs[i].data), device=device) for i in inputs))
+        zyx.realize(*outs)
+    assert jitted.captures == 1, f"expected one capture, got {jitted.captures}"
+    runs = []
+    for _ in range(2):
+        outs = jitted(*(zyx.Tensor(prog.instrs[i].data.copy(), device=device) for i in inputs))
+        runs.append([o.numpy() for o in outs])
+    return runs
 
 
 # ---------------------------------------------------------------------------------------------------------------

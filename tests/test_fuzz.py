@@ -13,6 +13,7 @@ bit. A failure prints a standalone Python reproducer and the NumPy result.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import warnings
@@ -32,6 +33,7 @@ from fuzz_programs import (
     cumsum_ref,
     programs,
     run_zyx,
+    run_zyx_jit,
 )
 from hypothesis import HealthCheck, Phase, given, note, seed, settings
 
@@ -60,19 +62,25 @@ def _alarm(signum, frame):  # noqa: ARG001
     raise FuzzTimeout(f"timeout: the program did not finish within {TIMEOUT} s")
 
 
+@contextlib.contextmanager
+def _time_limit():
+    """Raise :class:`FuzzTimeout` in the block after ``ZYX_FUZZ_TIMEOUT`` seconds."""
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(TIMEOUT)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
 def check_program(prog: Program, device: str) -> None:
     """Run ``prog`` on ``device`` and compare every output with the NumPy reference."""
     note("reproducer:\n" + prog.source(device))
     note("numpy reference:\n" + prog.expected_src())
-    old = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(TIMEOUT)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            got = run_zyx(prog, device)
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
+    with _time_limit(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        got = run_zyx(prog, device)
     errors = []
     for i, g in zip(prog.outputs, got):
         msg = compare(np.asarray(g), prog.vals[i])
@@ -129,6 +137,28 @@ def test_fuzz_programs_with_search_on(prog: Program, device: str, search_on) -> 
     run with search on found an empty batched matmul that the measured extraction timed and the BLAS split
     divided by (its regression test: tests/graph/test_measured_costs.py)."""
     check_program(prog, device)
+
+
+JIT_EXAMPLES = int(os.environ.get("ZYX_FUZZ_JIT_EXAMPLES", "60"))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:The recursion limit will not be reset")
+@settings(settings.get_profile("zyx-fuzz"), max_examples=JIT_EXAMPLES)
+@_maybe_seed
+@given(prog=programs())
+def test_fuzz_programs_under_jit(prog: Program, device: str) -> None:
+    """The fuzzer's programs as ``zyx.jit`` functions of their inputs (``ZYX_FUZZ_JIT_EXAMPLES``, default 60, per
+    device): captured with the inputs' values in another order, then replayed twice on the real inputs; both
+    replays must match the reference (a replay that reads a captured buffer instead of its argument fails)."""
+    note("reproducer:\n" + prog.jit_source(device))
+    note("numpy reference:\n" + prog.expected_src())
+    with _time_limit(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        runs = run_zyx_jit(prog, device)
+    errors = [f"replay {r + 1}, v{i}: {msg}" for r, got in enumerate(runs) for i, g in zip(prog.outputs, got)
+              if (msg := compare(np.asarray(g), prog.vals[i]))]
+    assert not errors, "zyx.jit differs from NumPy:\n" + "\n".join(errors)
 
 
 def test_var_error_scale_covers_the_sum_of_squares(device: str) -> None:
