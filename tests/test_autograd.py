@@ -91,6 +91,18 @@ def test_max_min_ties_split_like_pytorch():
     _check(lambda x, y: x.maximum(y), torch.maximum, a, b)
 
 
+def test_prod_and_cumprod_grads_with_zeros_like_pytorch():
+    """Found by the gradient fuzzer: the product of the others was y / x, NaN at every 0 (where PyTorch gives the
+    product of the nonzero others for a single 0, and 0 for two or more)."""
+    x = np.array([[0.0, 2.0, 3.0, 1.5], [1.0, 0.0, 0.0, 2.0], [2.0, 0.5, 3.0, -1.0], [0.0, 0.0, 0.0, 0.0]],
+                 np.float32)
+    _check(lambda t: t.prod(1), lambda t: t.prod(1), x)
+    _check(lambda t: t.prod(), lambda t: t.prod(), x[:1])
+    for row in ([2.0, 0.0, 3.0, 0.0, 5.0], [0.0, 2.0, 0.5, 3.0, 1.0], [1.5, 2.0, 3.0, 0.0, 0.0]):
+        _check(lambda t: t.cumprod(0), lambda t: t.cumprod(0), np.array(row, np.float32))
+    _check(lambda t: t.cumprod(1), lambda t: t.cumprod(1), x)
+
+
 REDUCE = [
     ("sum", lambda x: x.sum(1), lambda x: x.sum(1)),
     ("sum_all", lambda x: x.sum(), lambda x: x.sum()),

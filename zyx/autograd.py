@@ -439,16 +439,26 @@ class Min(_Extreme):
     kind = Ops.MIN
 
 
+def _is_zero(x: Class) -> Class:
+    return g.binary(Ops.CMPEQ, x, _const_like(x, 0))
+
+
 class Prod(Function):
     def forward(self, x, axes=()):
-        self.x = x
+        self.x, self.axes = x, axes
         self.y = g.reduce(Ops.MUL, x, axes)
         return self.y
 
     def backward(self, grad):
-        # product of the others; exact when x has no zeros (PyTorch special-cases zeros)
-        x = self.x
-        return (_mul(g.expand(grad, x.shape), _div(g.expand(self.y, x.shape), x)),)
+        # the product of the others, without reading the data: y / x_i when no element is 0; with one 0, the
+        # product of the nonzero others at the 0 and 0 elsewhere; with more, 0 everywhere (PyTorch's values)
+        x, shape = self.x, self.x.shape
+        zero = _is_zero(x)
+        count = g.expand(g.reduce(Ops.ADD, g.cast(zero, dtypes.int32), self.axes), shape)
+        others = g.expand(g.reduce(Ops.MUL, g.where(zero, _const_like(x, 1), x), self.axes), shape)
+        one_zero = g.binary(Ops.CMPEQ, count, _const_like(count, 1))
+        at_zero = g.where(one_zero, others, _const_like(x, 0))
+        return (_mul(g.expand(grad, shape), g.where(zero, at_zero, _div(g.expand(self.y, shape), x))),)
 
 
 class Scan(Function):
@@ -457,14 +467,27 @@ class Scan(Function):
         self.y = g.scan(op, x, axis)
         return self.y
 
-    def backward(self, grad):
-        # d out_k / d x_i (i <= k) is 1 for a sum, out_k / x_i for a product (exact when x has no zeros, as Prod):
-        # both are a reverse running sum
+    def _reverse_cumsum(self, c: Class) -> Class:
+        """``c[..., i] + c[..., i+1] + ...`` along the scanned axis."""
         ax, n = self.axis, self.x.shape[self.axis]
         rev = tuple((n - 1, -1, -1) if i == ax else (0, s, 1) for i, s in enumerate(self.x.shape))
-        g_in = grad if self.op == Ops.ADD else _mul(grad, self.y)
-        out = g.shrink(g.scan(Ops.ADD, g.shrink(g_in, rev), ax), rev)
-        return (out if self.op == Ops.ADD else _div(out, self.x),)
+        return g.shrink(g.scan(Ops.ADD, g.shrink(c, rev), ax), rev)
+
+    def backward(self, grad):
+        # d out_k / d x_i (i <= k) is 1 for a sum: a reverse running sum. For a product it is out_k / x_i, the
+        # reverse running sum of grad * out divided by x_i; that holds at every nonzero x_i and gives 0 at every 0
+        # after the first (their outputs are all 0). At the first 0 it is the product of the others: the running
+        # product with that 0 taken as 1.
+        if self.op == Ops.ADD:
+            return (self._reverse_cumsum(grad),)
+        x, ax = self.x, self.axis
+        one = _const_like(x, 1)
+        zero = _is_zero(x)
+        seen = g.scan(Ops.ADD, g.cast(zero, dtypes.int32), ax)
+        first = g.binary(Ops.AND, zero, g.binary(Ops.CMPEQ, seen, _const_like(seen, 1)))
+        ratio = _div(self._reverse_cumsum(_mul(grad, self.y)), g.where(zero, one, x))
+        at_first = self._reverse_cumsum(_mul(grad, g.scan(Ops.MUL, g.where(first, one, x), ax)))
+        return (g.where(first, at_first, ratio),)
 
 
 # ---- movement --------------------------------------------------------------------------------------------------
