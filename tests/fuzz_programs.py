@@ -748,6 +748,16 @@ def _is_float(v: Val) -> bool:
 class Builder:
     """Accumulates instructions while evaluating the NumPy reference eagerly."""
 
+    BINARY_OPS = ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "maximum", "minimum", "lt", "le", "gt",
+                  "ge", "eq", "ne", "and", "or", "xor", "shl", "shr", "logical_and", "logical_or", "logical_xor",
+                  "add", "mul", "sub")
+    UNARY_OPS = ("neg", "abs", "invert", "logical_not", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "reciprocal",
+                 "sin", "cos", "tan", "tanh", "erf", "sigmoid", "relu", "floor", "ceil", "round", "trunc", "sign",
+                 "isnan", "isinf", "isfinite", "square", "neg", "abs")
+    REDUCE_OPS = ("sum", "prod", "max", "min", "mean", "any", "all", "argmax", "argmin", "cumsum", "var", "std",
+                  "logsumexp", "softmax", "log_softmax", "sum", "max", "cumprod")
+    INPUT_KINDS = ("data",) * 8 + ("full", "arange")
+
     def __init__(self, draw: Callable) -> None:
         self.draw = draw
         self.instrs: list[Instr] = []
@@ -844,7 +854,7 @@ class Builder:
         """A fresh input: uploaded host data (mostly), ``zyx.arange`` or ``zyx.full``."""
         shape = self.shape() if shape is None else shape
         d = self.dtype() if dtype is None else dtype
-        kind = kind or self.draw(st.sampled_from(["data"] * 8 + ["full", "arange"]))
+        kind = kind or self.draw(st.sampled_from(self.INPUT_KINDS))
         if kind == "arange" and len(shape) == 1:
             n = shape[0]
             lo, hi = dtypes.int_range(dtypes.int64)
@@ -859,11 +869,11 @@ class Builder:
                                        else np.arange(n, dtype=np.float64) * step + start, d)
                 return self.emit(tmpl, (), ref, ops=("arange",))
         if kind in ("full", "arange"):
-            v = self.draw(scalar_strategy(d))
+            v = self.scalar(d)
             tmpl = f"zyx.full({shape!r}, {v!r}, dtype=zyx.{d.name}, device=device)"
             return self.emit(tmpl, (), lambda: np.full(shape, _arr(v, d), dtype=d.np_dtype), ops=("full",),
                              tags={"const"})
-        arr = self.draw(array_strategy(d, shape))
+        arr = self.array(d, shape)
         return self.emit("", (), lambda: arr, data=arr, ops=("input",))
 
     def operand_like(self, i: int, same_shape: bool = False, int_only: bool = False) -> int:
@@ -900,14 +910,20 @@ class Builder:
                 shape = sh
         return self.new_input(shape, self.dtype(da, pred_d))
 
+    def scalar(self, d: DType) -> Any:
+        """A Python scalar constant of dtype ``d``'s range."""
+        return self.draw(scalar_strategy(d))
+
+    def array(self, d: DType, shape: tuple[int, ...]) -> np.ndarray:
+        """The data of an uploaded input."""
+        return self.draw(array_strategy(d, shape))
+
     def avoid(self, flag: str) -> bool:
         return flag in AVOID
 
     # ---- op generators (each returns False when it does not apply) -----------------------------------------
     def g_binary(self) -> bool:
-        op = self.draw(st.sampled_from(["add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "maximum",
-                                        "minimum", "lt", "le", "gt", "ge", "eq", "ne", "and", "or", "xor", "shl",
-                                        "shr", "logical_and", "logical_or", "logical_xor", "add", "mul", "sub"]))
+        op = self.draw(st.sampled_from(self.BINARY_OPS))
         a = self.pick()
         va = self.vals[a]
         da = zdt(va.arr)
@@ -925,9 +941,9 @@ class Builder:
             if sd == "bool":
                 other = self.draw(st.booleans())
             elif sd == "int":
-                other = int(self.draw(scalar_strategy(da if da.is_int else dtypes.int16)))
+                other = int(self.scalar(da if da.is_int else dtypes.int16))
             else:
-                other = float(self.draw(scalar_strategy(da if da.is_float else dtypes.float64)))
+                other = float(self.scalar(da if da.is_float else dtypes.float64))
             d = dtypes.scalar_dtype(other, da)
             b = None
         ins = [self.vals[a]] + ([self.vals[b]] if b is not None else [])
@@ -1021,10 +1037,7 @@ class Builder:
         return True
 
     def g_unary(self) -> bool:
-        op = self.draw(st.sampled_from(["neg", "abs", "invert", "logical_not", "exp", "exp2", "log", "log2", "sqrt",
-                                        "rsqrt", "reciprocal", "sin", "cos", "tan", "tanh", "erf", "sigmoid", "relu",
-                                        "floor", "ceil", "round", "trunc", "sign", "isnan", "isinf", "isfinite",
-                                        "square", "neg", "abs"]))
+        op = self.draw(st.sampled_from(self.UNARY_OPS))
         a = self.pick()
         v = self.vals[a]
         d = zdt(v.arr)
@@ -1121,7 +1134,7 @@ class Builder:
         pads = tuple((self.draw(st.integers(-1 if s >= 2 else 0, 2)), self.draw(st.integers(-1 if s >= 3 else 0, 2)))
                      for s in x.shape)
         d = zdt(x)
-        value = self.draw(scalar_strategy(d))
+        value = self.scalar(d)
         if d.is_int:
             value = int(value)
         if math.prod(s + max(p, 0) + max(q, 0) for s, (p, q) in zip(x.shape, pads)) > MAX_NUMEL * 2:
@@ -1316,7 +1329,7 @@ class Builder:
                       ops=("where",))
             return True
         sd = self.draw(st.sampled_from([da, dtypes.int64, dtypes.float32, dtypes.bool_]))
-        s = self.draw(scalar_strategy(da if sd is da else sd))
+        s = self.scalar(da if sd is da else sd)
         s = int(s) if sd.is_int else (float(s) if sd.is_float else bool(s))
         if sd.is_int and da.is_int:
             lo, hi = dtypes.int_range(da)
@@ -1343,9 +1356,7 @@ class Builder:
         return tuple(a - nd if self.draw(st.booleans()) else a for a in axes)
 
     def g_reduce(self) -> bool:
-        op = self.draw(st.sampled_from(["sum", "prod", "max", "min", "mean", "any", "all", "argmax", "argmin",
-                                        "cumsum", "var", "std", "logsumexp", "softmax", "log_softmax", "sum",
-                                        "max", "cumprod"]))
+        op = self.draw(st.sampled_from(self.REDUCE_OPS))
         a = self.pick()
         v = self.vals[a]
         x = v.arr
@@ -1453,9 +1464,11 @@ _GEN_LIST = [name for name, (_, w) in GENERATORS.items() for _ in range(w)]
 
 
 @st.composite
-def programs(draw: Callable, max_ops: int = 6) -> Program:
-    """A random program of 1..``max_ops`` instructions (plus the inputs it creates)."""
-    b = Builder(draw)
+def programs(draw: Callable, max_ops: int = 6, builder: type[Builder] = Builder,
+             generators: Sequence[str] = tuple(_GEN_LIST)) -> Program:
+    """A random program of 1..``max_ops`` instructions (plus the inputs it creates), built by ``builder`` from the
+    ``generators`` named (repeated names weigh more)."""
+    b = builder(draw)
     b.new_input()
     n_ops = 1
     while n_ops < max_ops and draw(st.integers(0, 7)) != 0:  # shrinks towards fewer ops; about 5 on average
@@ -1463,10 +1476,10 @@ def programs(draw: Callable, max_ops: int = 6) -> Program:
     emitted = 0
     for _ in range(n_ops):
         for _attempt in range(6):
-            name = draw(st.sampled_from(_GEN_LIST))
+            name = draw(st.sampled_from(generators))
             mark = len(b.vals)
             try:
-                ok = GENERATORS[name][0](b)
+                ok = getattr(b, GENERATORS[name][0].__name__)()  # a builder may override a generator
             except (ValueError, IndexError, TypeError, AttributeError) as e:  # a case the generator missed
                 if os.environ.get("ZYX_FUZZ_STRICT_GEN"):
                     raise

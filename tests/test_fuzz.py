@@ -5,6 +5,10 @@ cold kernel cache). A long random run::
 
     ZYX_FUZZ_EXAMPLES=3000 ZYX_FUZZ_RANDOM=1 python -m pytest tests/test_fuzz.py -x
 
+Beside the plain runs: the same programs with kernel search on (``ZYX_FUZZ_SEARCH_EXAMPLES``), as ``zyx.jit``
+functions captured on other inputs and replayed (``ZYX_FUZZ_JIT_EXAMPLES``), and differentiable float64 programs
+whose gradients are checked against finite differences (``fuzz_grads``, ``ZYX_FUZZ_GRAD_EXAMPLES``).
+
 ``ZYX_FUZZ_SEED=N`` fixes the seed of a random run, ``ZYX_FUZZ_TIMEOUT`` (seconds, default 20) bounds one program
 (a hang becomes a failure with a reproducer), ``ZYX_FUZZ_AVOID=flag,...`` steers away from known bugs (see
 ``fuzz_programs.AVOID``), ``ZYX_FUZZ_STRICT_FMA=0`` compares float ``a*b+c`` with a tolerance instead of bit for
@@ -18,9 +22,11 @@ import os
 import signal
 import warnings
 
+import fuzz_grads
 import ml_dtypes
 import numpy as np
 import pytest
+from fuzz_grads import grad_programs
 from fuzz_programs import (
     TOL,
     Program,
@@ -159,6 +165,32 @@ def test_fuzz_programs_under_jit(prog: Program, device: str) -> None:
     errors = [f"replay {r + 1}, v{i}: {msg}" for r, got in enumerate(runs) for i, g in zip(prog.outputs, got)
               if (msg := compare(np.asarray(g), prog.vals[i]))]
     assert not errors, "zyx.jit differs from NumPy:\n" + "\n".join(errors)
+
+
+GRAD_EXAMPLES = int(os.environ.get("ZYX_FUZZ_GRAD_EXAMPLES", "60"))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:The recursion limit will not be reset")
+@settings(settings.get_profile("zyx-fuzz"), max_examples=GRAD_EXAMPLES)
+@_maybe_seed
+@given(prog=grad_programs())
+def test_fuzz_gradients(prog: Program, device: str) -> None:
+    """Random differentiable float64 programs (``fuzz_grads``; ``ZYX_FUZZ_GRAD_EXAMPLES``, default 60, per device):
+    the gradient of a weighted sum of the outputs against central differences of the NumPy reference."""
+    weights = fuzz_grads.loss_weights(prog)
+    note("reproducer:\n" + fuzz_grads.grad_source(prog, device, weights))
+    if not weights:
+        return
+    with _time_limit(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        loss, got = fuzz_grads.run_zyx_grads(prog, device, weights)
+    want_loss = fuzz_grads.reference_loss(prog, weights, {})
+    assert abs(loss - want_loss) <= 1e-9 * (1 + abs(want_loss)), f"loss: zyx {loss!r}, numpy {want_loss!r}"
+    want = fuzz_grads.finite_differences(prog, weights)
+    note("finite differences:\n" + "\n".join(f"v{i}: {g!r}" for i, g in want.items()))
+    errors = fuzz_grads.compare_grads(prog, got, want)
+    assert not errors, "zyx's gradients differ from finite differences:\n" + "\n".join(errors)
 
 
 def test_var_error_scale_covers_the_sum_of_squares(device: str) -> None:

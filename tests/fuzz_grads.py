@@ -1,0 +1,240 @@
+"""Random differentiable programs for gradient fuzzing: zyx's backward against central differences of the NumPy
+reference.
+
+:class:`SmoothBuilder` is the fuzzer's :class:`~fuzz_programs.Builder` restricted to float64 values and to ops with
+a derivative, and it refuses an op whose inputs sit within a margin of a kink or a jump (``abs`` near 0, ``max`` of
+near-ties, a comparison of near-equal values, ``floor`` near an integer, ``log`` near 0, ...): there a one-sided
+change of an input would flip the result, and no finite difference can say what the derivative is. Values stay
+finite and below ``LIMIT`` in magnitude.
+
+The loss is ``sum(w_k * v_k)`` over every float64 value ``v_k`` the program computes, with fixed random weights; its
+gradient with respect to every float64 input is compared, element by element, with ``(L(x + h e_j) - L(x - h e_j)) /
+2h`` computed by the NumPy reference (the instruction references the value fuzzer checks zyx's forward with).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+from fuzz_programs import GENERATORS, Builder, Program, programs, zdt
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import zyx
+from zyx import dtypes
+from zyx.dtypes import DType
+
+LIMIT = 1e4  # largest magnitude of a value
+MARGIN = 1e-3  # smallest distance of an input to a kink or a jump
+STEP = 1e-6  # finite-difference step, relative to the input's magnitude (at least 1)
+
+
+class Rejected(ValueError):
+    """The op would put a value out of range or an input near a kink; the generator tries another op."""
+
+
+def _gap_to_tie(x: np.ndarray, axes: tuple[int, ...], top: bool) -> float:
+    """Smallest gap between the extreme and the runner-up along ``axes`` (inf when every group has one value)."""
+    if x.size == 0 or not axes:
+        return math.inf
+    rest = [i for i in range(x.ndim) if i not in axes]
+    g = np.sort(np.transpose(x, rest + list(axes)).reshape(*(x.shape[i] for i in rest), -1), axis=-1)
+    if g.shape[-1] < 2:
+        return math.inf
+    d = g[..., -1] - g[..., -2] if top else g[..., 1] - g[..., 0]
+    return float(np.min(d))
+
+
+def _reduced_axes(template: str, nd: int) -> tuple[int, ...]:
+    """The axes a ``{0}.max(axis, keepdim=...)`` template reduces."""
+    call = template.split(".", 1)[1].split("(", 1)[1].rsplit(")", 1)[0]
+    axis = eval(f"(lambda axis=None, keepdim=False, keepdims=False: axis)({call})")  # noqa: S307 - our literal
+    if axis is None:
+        return tuple(range(nd))
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    return tuple(sorted(a % nd for a in axes)) if nd else ()
+
+
+class SmoothBuilder(Builder):
+    """float64 programs of differentiable ops, each applied away from its kinks (see the module docstring)."""
+
+    BINARY_OPS = ("add", "sub", "mul", "truediv", "pow", "maximum", "minimum", "lt", "gt", "add", "mul", "sub")
+    UNARY_OPS = ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "erf", "sigmoid",
+                 "relu", "floor", "sign", "square", "neg", "tanh", "sin")
+    REDUCE_OPS = ("sum", "prod", "mean", "var", "std", "logsumexp", "softmax", "log_softmax", "cumsum", "cumprod",
+                  "sum", "max", "min", "mean")
+    INPUT_KINDS = ("data",) * 6 + ("full",)
+    SCALARS = (0.5, -0.5, 1.5, -1.5, 2.0, 0.75, -1.25, 3.0, 0.3)
+
+    def dtype(self, like: DType | None = None, pred: Callable[[DType], bool] = lambda d: True) -> DType:
+        return dtypes.float64 if pred(dtypes.float64) else super().dtype(like, pred)
+
+    def scalar(self, d: DType) -> Any:
+        if not d.is_float:
+            return super().scalar(d)
+        return self.draw(st.sampled_from(self.SCALARS))
+
+    def array(self, d: DType, shape: tuple[int, ...]) -> np.ndarray:
+        if d is not dtypes.float64:
+            return super().array(d, shape)
+        magnitude = st.floats(0.1, 2.0, exclude_min=True, exclude_max=True)
+        el = st.one_of(magnitude, magnitude.map(lambda v: -v))
+        return self.draw(hnp.arrays(np.float64, shape, elements=el))
+
+    def emit(self, template: str, args: Any, ref: Callable[..., np.ndarray], **kw: Any) -> int:
+        ins = [self.vals[a].arr for a in args]
+        ops = kw.get("ops", ())
+        if ops:
+            self._check_margin(ops[0], template, ins)
+        i = super().emit(template, args, ref, **kw)
+        out = self.vals[i].arr
+        if zdt(out).is_float and out.size and not (np.all(np.isfinite(out)) and np.max(np.abs(out)) <= LIMIT
+                                                   and (ops[:1] != ("std",) or np.min(out) > 0.05)):
+            del self.instrs[i:], self.vals[i:], self.tags[i:]
+            raise Rejected(f"{template}: a value out of range (or a std near 0, its kink)")
+        return i
+
+    def _check_margin(self, op: str, template: str, ins: list[np.ndarray]) -> None:
+        x = ins[0].astype(np.float64) if ins and ins[0].dtype != np.bool_ else None
+        if x is None or x.size == 0:
+            return
+        with np.errstate(all="ignore"):
+            if op in ("abs", "relu", "sign"):
+                near = np.min(np.abs(x)) <= MARGIN
+            elif op == "floor":
+                near = np.min(np.abs(x - np.round(x))) <= MARGIN
+            elif op in ("log", "sqrt", "rsqrt"):
+                near = np.min(x) <= 0.05
+            elif op == "reciprocal":
+                near = np.min(np.abs(x)) <= 0.05
+            elif op in ("truediv", "pow"):  # near a zero denominator, or a zero base (x ** 0.5)
+                denominator = x if template.startswith(("({0} **", "((")) else (
+                    ins[1] if len(ins) > 1 else np.ones(1))
+                near = np.min(np.abs(denominator)) <= 0.05
+            elif op in ("maximum", "minimum", "lt", "gt"):
+                other = ins[1].astype(np.float64) if len(ins) > 1 else _scalar_operand(template)
+                near = np.min(np.abs(x - other)) <= MARGIN
+            elif op == "cast" and template.endswith(".bool()"):
+                ax = np.abs(x)
+                near = bool(np.any((ax > 0) & (ax <= MARGIN)))  # exact zeros stay zero (constants)
+            elif op in ("max", "min"):
+                near = _gap_to_tie(x, _reduced_axes(template, x.ndim), op == "max") <= MARGIN
+            else:
+                near = False
+        if near:
+            raise Rejected(f"{op}: an input near a kink")
+
+
+def _scalar_operand(template: str) -> float:
+    """The Python scalar in a one-tensor binary template such as ``({0} < (1.5))`` or ``{0}.maximum(0.5)``."""
+    inner = template.replace("{0}", "").strip("()")
+    for tok in ("maximum(", "minimum(", "<", ">"):
+        inner = inner.replace(tok, " ")
+    return float(inner.strip(" .()"))
+
+
+GRAD_GENERATORS = tuple(name for name, (_, w) in GENERATORS.items() if name != "cast" for _ in range(w))
+
+
+def grad_programs(max_ops: int = 6) -> st.SearchStrategy[Program]:
+    return programs(max_ops=max_ops, builder=SmoothBuilder, generators=GRAD_GENERATORS)
+
+
+def loss_weights(prog: Program) -> dict[int, np.ndarray]:
+    """Fixed random weights per float64 value the program computes (every one, so that no op's gradient is left
+    out: the generator builds on any earlier value, and many are not on the way to the outputs)."""
+    rng = np.random.default_rng(len(prog.instrs))
+    return {i: rng.standard_normal(v.arr.shape) for i, v in enumerate(prog.vals)
+            if v.arr.dtype == np.float64 and not v.is_input}
+
+
+def grad_inputs(prog: Program) -> list[int]:
+    return [i for i, ins in enumerate(prog.instrs) if ins.data is not None and ins.data.dtype == np.float64]
+
+
+def reference_loss(prog: Program, weights: dict[int, np.ndarray], data: dict[int, np.ndarray]) -> float:
+    """The loss computed by the NumPy reference, with the inputs in ``data`` replaced."""
+    arrs: list[np.ndarray] = []
+    with np.errstate(all="ignore"):
+        for i, ins in enumerate(prog.instrs):
+            if ins.data is not None:
+                arrs.append(data.get(i, ins.data))
+            else:
+                arrs.append(np.asarray(ins.ref(*(arrs[a] for a in ins.args))))
+        return float(sum(np.sum(arrs[i] * w) for i, w in weights.items()))
+
+
+def finite_differences(prog: Program, weights: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """Central differences of :func:`reference_loss` per element of every float64 input."""
+    out = {}
+    for i in grad_inputs(prog):
+        x = prog.instrs[i].data
+        g = np.zeros(x.shape)
+        for j in np.ndindex(x.shape):
+            h = STEP * max(1.0, abs(float(x[j])))
+            up, down = x.copy(), x.copy()
+            up[j] += h
+            down[j] -= h
+            g[j] = (reference_loss(prog, weights, {i: up}) - reference_loss(prog, weights, {i: down})) / (2 * h)
+        out[i] = g
+    return out
+
+
+def run_zyx_grads(prog: Program, device: str, weights: dict[int, np.ndarray]) -> tuple[float, dict[int, np.ndarray]]:
+    """zyx's loss and its gradient per float64 input (zeros where the loss does not depend on an input)."""
+    env: dict[str, Any] = {"zyx": zyx, "np": np, "ml_dtypes": ml_dtypes, "device": device, "inf": math.inf,
+                           "nan": math.nan}
+    leaves = {}
+    for i, ins in enumerate(prog.instrs):
+        if ins.data is not None:
+            t = zyx.Tensor(ins.data.copy(), device=device, requires_grad=ins.data.dtype == np.float64)
+            if ins.data.dtype == np.float64:
+                leaves[i] = t
+            env[f"v{i}"] = t
+        else:
+            env[f"v{i}"] = eval(ins.template.format(*(f"v{a}" for a in ins.args)), env)  # noqa: S307
+    loss = None
+    for i, w in weights.items():
+        term = (env[f"v{i}"] * zyx.Tensor(w, device=device)).sum()
+        loss = term if loss is None else loss + term
+    assert loss is not None
+    if loss.requires_grad:  # else no float64 input reaches the loss
+        loss.backward()
+    grads = {i: t.grad.numpy() if t.grad is not None else np.zeros(t.shape) for i, t in leaves.items()}
+    return float(loss.numpy()), grads
+
+
+def grad_source(prog: Program, device: str, weights: dict[int, np.ndarray]) -> str:
+    """A standalone reproducer printing zyx's gradients."""
+    lines = ["import ml_dtypes", "import numpy as np", "import zyx", "from math import inf, nan", "",
+             f"device = {device!r}"]
+    for i, line in enumerate(prog.lines()):
+        if i in grad_inputs(prog):
+            line = line[:-1] + ", requires_grad=True)"
+        lines.append(line)
+    terms = " + ".join(f"(v{i} * zyx.Tensor(np.array({w.tolist()!r}), device=device)).sum()"
+                       for i, w in weights.items())
+    lines += [f"loss = {terms}", "loss.backward()"]
+    lines += [f"print('v{i}.grad', repr(v{i}.grad.numpy() if v{i}.grad is not None else None))"
+              for i in grad_inputs(prog)]
+    return "\n".join(lines)
+
+
+def compare_grads(prog: Program, got: dict[int, np.ndarray], want: dict[int, np.ndarray]) -> list[str]:
+    """Mismatches of zyx's gradients against the finite differences (tolerance: the differences' own error, from
+    the step's truncation and the rounding of every value the loss sums)."""
+    magnitude = sum(float(np.sum(np.abs(v.arr))) for v in prog.vals if v.arr.dtype == np.float64)
+    errors = []
+    for i, w in want.items():
+        g = got[i]
+        tol = 1e-5 * (1 + np.abs(w)) + 1e-15 * magnitude / STEP
+        bad = ~(np.abs(g - w) <= tol)
+        if np.any(bad):
+            idx = [tuple(int(k) for k in ix) for ix in np.argwhere(bad)[:4]]
+            where = "; ".join(f"at {ix}: zyx {g[ix]!r} vs finite differences {w[ix]!r}" for ix in idx)
+            errors.append(f"v{i}.grad: {int(np.sum(bad))} of {w.size} elements differ: {where}")
+    return errors
