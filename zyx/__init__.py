@@ -7,6 +7,7 @@ array([ 8., 16.], dtype=float32)
 """
 
 from zyx import debug
+from zyx import functions as _functions
 from zyx.autograd import enable_grad, no_grad
 from zyx.backends.base import BackendError
 from zyx.backends.registry import ConfigError, registry
@@ -43,6 +44,8 @@ from zyx.tensor import (
     stack,
     where,
 )
+
+globals().update(_functions.FUNCTIONS)  # zyx.exp(x), zyx.maximum(a, b), zyx.sum(x, 1), ... (zyx.functions)
 
 zeros = Tensor.zeros
 ones = Tensor.ones
@@ -94,5 +97,5 @@ __all__ = [
     "uint32", "uint64", "float16", "bfloat16", "float32", "float64", "promote_types", "zeros", "ones", "full",
     "arange", "linspace", "eye", "zeros_like", "ones_like", "full_like", "rand", "randn", "randint", "manual_seed",
     "cat", "stack", "where", "matmul", "realize", "no_grad", "enable_grad", "debug", "tensor", "broadcast_shapes",
-    "set_default_device", "default_device", "from_dlpack", "jit", "CaptureError",
+    "set_default_device", "default_device", "from_dlpack", "jit", "CaptureError", *_functions.FUNCTIONS,
 ]

@@ -600,8 +600,61 @@ class Tensor:
     def __rrshift__(self, o):
         return _shift(Ops.SHR, *self._operand(o, reverse=True))
 
+    # PyTorch's method names for the operators
+    def add(self, other, alpha=1):
+        """``self + alpha * other``."""
+        return self + (other if alpha == 1 else other * alpha)
+
+    def sub(self, other, alpha=1):
+        """``self - alpha * other``."""
+        return self - (other if alpha == 1 else other * alpha)
+
+    def div(self, other, rounding_mode: str | None = None):
+        """``self / other``; ``rounding_mode="floor"``: ``self // other``."""
+        if rounding_mode is None:
+            return self / other
+        if rounding_mode == "floor":
+            return self // other
+        raise ValueError(f"div: rounding_mode must be None or 'floor', got {rounding_mode!r} (for 'trunc' use "
+                         "(a / b).trunc())")
+
+    def mul(self, other):
+        return self * other
+
+    def pow(self, exponent):
+        return self ** exponent
+
+    def floor_divide(self, other):
+        return self // other
+
+    def remainder(self, other):
+        """Python's ``%``: the sign of the divisor."""
+        return self % other
+
+    def eq(self, other):
+        return self == other
+
+    def ne(self, other):
+        return self != other
+
+    def lt(self, other):
+        return self < other
+
+    def le(self, other):
+        return self <= other
+
+    def gt(self, other):
+        return self > other
+
+    def ge(self, other):
+        return self >= other
+
+    subtract, multiply, divide, true_divide = sub, mul, div, div
+
     def neg(self):
         return -self
+
+    negative = neg
 
     def exp(self):
         return F.Exp.apply(self._float())
