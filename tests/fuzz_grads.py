@@ -20,7 +20,7 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
-from fuzz_programs import GENERATORS, Builder, Program, programs, zdt
+from fuzz_programs import GENERATORS, Builder, Program, decoy, programs, zdt
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -184,19 +184,15 @@ def finite_differences(prog: Program, weights: dict[int, np.ndarray]) -> dict[in
     return out
 
 
-def run_zyx_grads(prog: Program, device: str, weights: dict[int, np.ndarray]) -> tuple[float, dict[int, np.ndarray]]:
-    """zyx's loss and its gradient per float64 input (zeros where the loss does not depend on an input)."""
+def _loss_and_grads(prog: Program, device: str, weights: dict[int, np.ndarray], inputs: dict[int, zyx.Tensor]
+                    ) -> tuple[zyx.Tensor, list[zyx.Tensor | None]]:
+    """Build the program on ``inputs`` (uploaded tensors by instruction), the loss, and run backward: the loss and
+    the gradient of every float64 input (None where the loss does not depend on it)."""
     env: dict[str, Any] = {"zyx": zyx, "np": np, "ml_dtypes": ml_dtypes, "device": device, "inf": math.inf,
                            "nan": math.nan}
-    leaves = {}
     for i, ins in enumerate(prog.instrs):
-        if ins.data is not None:
-            t = zyx.Tensor(ins.data.copy(), device=device, requires_grad=ins.data.dtype == np.float64)
-            if ins.data.dtype == np.float64:
-                leaves[i] = t
-            env[f"v{i}"] = t
-        else:
-            env[f"v{i}"] = eval(ins.template.format(*(f"v{a}" for a in ins.args)), env)  # noqa: S307
+        env[f"v{i}"] = inputs[i] if ins.data is not None else eval(  # noqa: S307
+            ins.template.format(*(f"v{a}" for a in ins.args)), env)
     loss = None
     for i, w in weights.items():
         term = (env[f"v{i}"] * zyx.Tensor(w, device=device)).sum()
@@ -204,8 +200,45 @@ def run_zyx_grads(prog: Program, device: str, weights: dict[int, np.ndarray]) ->
     assert loss is not None
     if loss.requires_grad:  # else no float64 input reaches the loss
         loss.backward()
-    grads = {i: t.grad.numpy() if t.grad is not None else np.zeros(t.shape) for i, t in leaves.items()}
-    return float(loss.numpy()), grads
+    return loss, [inputs[i].grad for i in grad_inputs(prog)]
+
+
+def _upload(prog: Program, device: str, transform: Callable[[np.ndarray], np.ndarray] = np.copy
+            ) -> dict[int, zyx.Tensor]:
+    return {i: zyx.Tensor(transform(ins.data), device=device, requires_grad=ins.data.dtype == np.float64)
+            for i, ins in enumerate(prog.instrs) if ins.data is not None}
+
+
+def _as_arrays(prog: Program, loss: zyx.Tensor, grads: list) -> tuple[float, dict[int, np.ndarray]]:
+    return float(loss.numpy()), {i: g.numpy() if g is not None else np.zeros(prog.instrs[i].data.shape)
+                                 for i, g in zip(grad_inputs(prog), grads)}
+
+
+def run_zyx_grads(prog: Program, device: str, weights: dict[int, np.ndarray]) -> tuple[float, dict[int, np.ndarray]]:
+    """zyx's loss and its gradient per float64 input (zeros where the loss does not depend on an input)."""
+    return _as_arrays(prog, *_loss_and_grads(prog, device, weights, _upload(prog, device)))
+
+
+def run_zyx_grads_jit(prog: Program, device: str, weights: dict[int, np.ndarray]
+                      ) -> list[tuple[float, dict[int, np.ndarray]]]:
+    """:func:`run_zyx_grads` as a ``zyx.jit`` function of the inputs (the forward, the loss and backward inside,
+    the loss and the gradients returned): run and captured on :func:`~fuzz_programs.decoy` inputs, then two
+    replays on the real ones, whose results are returned."""
+    keys = sorted(i for i, ins in enumerate(prog.instrs) if ins.data is not None)
+
+    @zyx.jit
+    def step(*tensors: zyx.Tensor) -> tuple:
+        loss, grads = _loss_and_grads(prog, device, weights, dict(zip(keys, tensors)))
+        return (loss, *grads)
+
+    for _ in range(2):
+        zyx.realize(*(t for t in step(*_upload(prog, device, decoy).values()) if t is not None))
+    assert step.captures == 1, f"expected one capture, got {step.captures}"
+    runs = []
+    for _ in range(2):
+        loss, *grads = step(*_upload(prog, device).values())
+        runs.append(_as_arrays(prog, loss, grads))
+    return runs
 
 
 def grad_source(prog: Program, device: str, weights: dict[int, np.ndarray]) -> str:

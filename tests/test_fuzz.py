@@ -185,12 +185,36 @@ def test_fuzz_gradients(prog: Program, device: str) -> None:
     with _time_limit(), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         loss, got = fuzz_grads.run_zyx_grads(prog, device, weights)
+    _check_gradients(prog, weights, [(loss, got)])
+
+
+def _check_gradients(prog: Program, weights: dict, runs: list) -> None:
     want_loss = fuzz_grads.reference_loss(prog, weights, {})
-    assert abs(loss - want_loss) <= 1e-9 * (1 + abs(want_loss)), f"loss: zyx {loss!r}, numpy {want_loss!r}"
     want = fuzz_grads.finite_differences(prog, weights)
     note("finite differences:\n" + "\n".join(f"v{i}: {g!r}" for i, g in want.items()))
-    errors = fuzz_grads.compare_grads(prog, got, want)
-    assert not errors, "zyx's gradients differ from finite differences:\n" + "\n".join(errors)
+    for k, (loss, got) in enumerate(runs):
+        assert abs(loss - want_loss) <= 1e-9 * (1 + abs(want_loss)), f"run {k}: loss: zyx {loss!r}, numpy {want_loss!r}"
+        errors = fuzz_grads.compare_grads(prog, got, want)
+        assert not errors, f"run {k}: zyx's gradients differ from finite differences:\n" + "\n".join(errors)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:The recursion limit will not be reset")
+@settings(settings.get_profile("zyx-fuzz"), max_examples=JIT_EXAMPLES // 2)
+@_maybe_seed
+@given(prog=grad_programs())
+def test_fuzz_gradients_under_jit(prog: Program, device: str) -> None:
+    """The gradient fuzzer's programs with the forward, the loss and backward inside a ``zyx.jit`` function
+    (``ZYX_FUZZ_JIT_EXAMPLES`` / 2 per device): captured on the inputs' values in another order, replayed twice on
+    the real inputs; both replays' losses and gradients are checked."""
+    weights = fuzz_grads.loss_weights(prog)
+    note("reproducer (without jit):\n" + fuzz_grads.grad_source(prog, device, weights))
+    if not weights:
+        return
+    with _time_limit(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        runs = fuzz_grads.run_zyx_grads_jit(prog, device, weights)
+    _check_gradients(prog, weights, runs)
 
 
 def test_var_error_scale_covers_the_sum_of_squares(device: str) -> None:
