@@ -80,13 +80,18 @@ def _time_limit():
         signal.signal(signal.SIGALRM, old)
 
 
+def _quietly(fn, *args):
+    """``fn(*args)`` within ``ZYX_FUZZ_TIMEOUT``, RuntimeWarnings (NumPy's, zyx's) silenced."""
+    with _time_limit(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return fn(*args)
+
+
 def check_program(prog: Program, device: str) -> None:
     """Run ``prog`` on ``device`` and compare every output with the NumPy reference."""
     note("reproducer:\n" + prog.source(device))
     note("numpy reference:\n" + prog.expected_src())
-    with _time_limit(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        got = run_zyx(prog, device)
+    got = _quietly(run_zyx, prog, device)
     errors = []
     for i, g in zip(prog.outputs, got):
         msg = compare(np.asarray(g), prog.vals[i])
@@ -98,15 +103,23 @@ def check_program(prog: Program, device: str) -> None:
 _seed = int(os.environ["ZYX_FUZZ_SEED"]) if "ZYX_FUZZ_SEED" in os.environ else None
 
 
-def _maybe_seed(f):
-    return seed(_seed)(f) if _seed is not None else f
+def _fuzz_test(strategy, examples: int, *health_checks: HealthCheck):
+    """The decorators of a fuzz test of ``prog`` drawn from ``strategy``: the fuzz profile with ``examples``
+    programs (``health_checks`` suppressed too), the fixed seed of a random run, warnings that are expected."""
+    profile = settings.get_profile("zyx-fuzz")
+
+    def wrap(f):
+        f = given(prog=strategy)(f)
+        f = seed(_seed)(f) if _seed is not None else f
+        f = settings(profile, max_examples=examples,
+                     suppress_health_check=[*profile.suppress_health_check, *health_checks])(f)
+        f = pytest.mark.filterwarnings("ignore:The recursion limit will not be reset")(f)
+        return pytest.mark.filterwarnings("ignore::RuntimeWarning")(f)
+
+    return wrap
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@pytest.mark.filterwarnings("ignore:The recursion limit will not be reset")
-@settings(settings.get_profile("zyx-fuzz"))
-@_maybe_seed
-@given(prog=programs())
+@_fuzz_test(programs(), EXAMPLES)
 def test_fuzz_programs(prog: Program, device: str) -> None:
     check_program(prog, device)
 
@@ -131,13 +144,7 @@ def search_on(monkeypatch, tmp_path):
     schedule.clear_cache()
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@pytest.mark.filterwarnings("ignore:The recursion limit will not be reset")
-@settings(settings.get_profile("zyx-fuzz"), max_examples=SEARCH_EXAMPLES,
-          suppress_health_check=[*settings.get_profile("zyx-fuzz").suppress_health_check,
-                                 HealthCheck.function_scoped_fixture])
-@_maybe_seed
-@given(prog=programs())
+@_fuzz_test(programs(), SEARCH_EXAMPLES, HealthCheck.function_scoped_fixture)
 def test_fuzz_programs_with_search_on(prog: Program, device: str, search_on) -> None:
     """The fuzzer's programs with search on (``ZYX_FUZZ_SEARCH_EXAMPLES``, default 40, per device). A long random
     run with search on found an empty batched matmul that the measured extraction timed and the BLAS split
@@ -148,20 +155,14 @@ def test_fuzz_programs_with_search_on(prog: Program, device: str, search_on) -> 
 JIT_EXAMPLES = int(os.environ.get("ZYX_FUZZ_JIT_EXAMPLES", "60"))
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@pytest.mark.filterwarnings("ignore:The recursion limit will not be reset")
-@settings(settings.get_profile("zyx-fuzz"), max_examples=JIT_EXAMPLES)
-@_maybe_seed
-@given(prog=programs())
+@_fuzz_test(programs(), JIT_EXAMPLES)
 def test_fuzz_programs_under_jit(prog: Program, device: str) -> None:
     """The fuzzer's programs as ``zyx.jit`` functions of their inputs (``ZYX_FUZZ_JIT_EXAMPLES``, default 60, per
     device): captured with the inputs' values in another order, then replayed twice on the real inputs; both
     replays must match the reference (a replay that reads a captured buffer instead of its argument fails)."""
     note("reproducer:\n" + prog.jit_source(device))
     note("numpy reference:\n" + prog.expected_src())
-    with _time_limit(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        runs = run_zyx_jit(prog, device)
+    runs = _quietly(run_zyx_jit, prog, device)
     errors = [f"replay {r + 1}, v{i}: {msg}" for r, got in enumerate(runs) for i, g in zip(prog.outputs, got)
               if (msg := compare(np.asarray(g), prog.vals[i]))]
     assert not errors, "zyx.jit differs from NumPy:\n" + "\n".join(errors)
@@ -170,11 +171,7 @@ def test_fuzz_programs_under_jit(prog: Program, device: str) -> None:
 GRAD_EXAMPLES = int(os.environ.get("ZYX_FUZZ_GRAD_EXAMPLES", "60"))
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@pytest.mark.filterwarnings("ignore:The recursion limit will not be reset")
-@settings(settings.get_profile("zyx-fuzz"), max_examples=GRAD_EXAMPLES)
-@_maybe_seed
-@given(prog=grad_programs())
+@_fuzz_test(grad_programs(), GRAD_EXAMPLES)
 def test_fuzz_gradients(prog: Program, device: str) -> None:
     """Random differentiable float64 programs (``fuzz_grads``; ``ZYX_FUZZ_GRAD_EXAMPLES``, default 60, per device):
     the gradient of a weighted sum of the outputs against central differences of the NumPy reference."""
@@ -182,9 +179,7 @@ def test_fuzz_gradients(prog: Program, device: str) -> None:
     note("reproducer:\n" + fuzz_grads.grad_source(prog, device, weights))
     if not weights:
         return
-    with _time_limit(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        loss, got = fuzz_grads.run_zyx_grads(prog, device, weights)
+    loss, got = _quietly(fuzz_grads.run_zyx_grads, prog, device, weights)
     _check_gradients(prog, weights, [(loss, got)])
 
 
@@ -198,11 +193,7 @@ def _check_gradients(prog: Program, weights: dict, runs: list) -> None:
         assert not errors, f"run {k}: zyx's gradients differ from finite differences:\n" + "\n".join(errors)
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@pytest.mark.filterwarnings("ignore:The recursion limit will not be reset")
-@settings(settings.get_profile("zyx-fuzz"), max_examples=JIT_EXAMPLES // 2)
-@_maybe_seed
-@given(prog=grad_programs())
+@_fuzz_test(grad_programs(), JIT_EXAMPLES // 2)
 def test_fuzz_gradients_under_jit(prog: Program, device: str) -> None:
     """The gradient fuzzer's programs with the forward, the loss and backward inside a ``zyx.jit`` function
     (``ZYX_FUZZ_JIT_EXAMPLES`` / 2 per device): captured on the inputs' values in another order, replayed twice on
@@ -211,9 +202,7 @@ def test_fuzz_gradients_under_jit(prog: Program, device: str) -> None:
     note("reproducer (without jit):\n" + fuzz_grads.grad_source(prog, device, weights))
     if not weights:
         return
-    with _time_limit(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        runs = fuzz_grads.run_zyx_grads_jit(prog, device, weights)
+    runs = _quietly(fuzz_grads.run_zyx_grads_jit, prog, device, weights)
     _check_gradients(prog, weights, runs)
 
 
