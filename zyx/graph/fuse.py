@@ -170,11 +170,7 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
         members: dict[int, list[Class]] = {}
         for c in units:
             members.setdefault(unit_of[id(c)], []).append(c)
-        depth: dict[int, int] = {}
-        for c in units:  # topological: a unit's depth is settled when its last member is seen
-            u = unit_of[id(c)]
-            d = 1 + max((depth.get(unit_of[id(x)], 0) for x in deps[id(c)] if unit_of.get(id(x)) != u), default=0)
-            depth[u] = max(depth.get(u, 0), d)
+        depth = _unit_depths(units, deps, unit_of)
         class_depth = {id(c): depth[unit_of[id(c)]] for c in units}
         for i, src in aliases.items():
             class_depth[i] = class_depth.get(id(src), 0)
@@ -272,6 +268,34 @@ def _contract(units: list[Class], deps: dict[int, list[Class]], root_ids: set[in
             if not cyclic:
                 sets.union(a, b)
     return {i: find(i) for i in parent}
+
+
+def _unit_depths(units: list[Class], deps: dict[int, list[Class]], unit_of: dict[int, int]) -> dict[int, int]:
+    """Per unit: 1 + the longest chain of units it waits for (1 when it waits for none). Units are visited in
+    dependency order over the merged graph: a merged unit's members may sit on both sides of a class that depends
+    on one of them, so the order of ``units`` alone is not topological for units."""
+    waits: dict[int, set[int]] = {unit_of[id(c)]: set() for c in units}
+    for c in units:
+        u = unit_of[id(c)]
+        waits[u].update(unit_of[id(x)] for x in deps[id(c)] if id(x) in unit_of and unit_of[id(x)] != u)
+    users: dict[int, list[int]] = {u: [] for u in waits}
+    for u, ws in waits.items():
+        for w in ws:
+            users[w].append(u)
+    pending = {u: len(ws) for u, ws in waits.items()}
+    ready = [u for u, n in pending.items() if n == 0]
+    depth: dict[int, int] = {}
+    while ready:
+        u = ready.pop()
+        depth[u] = 1 + max((depth[w] for w in waits[u]), default=0)
+        for v in users[u]:
+            pending[v] -= 1
+            if pending[v] == 0:
+                ready.append(v)
+    if len(depth) != len(waits):  # _contract never merges into a cycle; refuse rather than order it wrongly
+        raise BackendError(ErrorStatus.COMPILATION, f"fusion made a cycle of {len(waits) - len(depth)} kernels; "
+                           "please report this graph (ZYX_DEBUG=sched shows the stored classes)")
+    return depth
 
 
 def _share_groups(units: list[list[Class]], reads: dict[int, list[Class]]) -> list[list[Class]]:
