@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from zyx.backends import autotune
-from zyx.backends.base import Device, LibraryKernel, Pool
+from zyx.backends.base import BackendError, Device, ErrorStatus, LibraryKernel, Pool
 from zyx.backends.registry import registry
 from zyx.graph import measure
 from zyx.graph.extract import Graph, default_cost, extract, needed
@@ -187,6 +187,8 @@ def plan(order: list[Class], leaves: list[Class], outputs: list[Class], match: b
                     tuple(slot[id(p)] for p in group.builder.param_classes), dev=dev, program=program, source=k)
         ordered.append((group.depth, n - len(fusion.groups), step))
     steps = [st for _, _, st in sorted(ordered, key=lambda t: (t[0], t[1]))]
+    empty = {slot[id(c)] for c in order if c in stored and c.numel == 0}
+    _check_order(steps, set(range(len(leaves))) | empty, alias_slots)
 
     out_slots = [slot[id(o)] for o in outputs]
     last_use: dict[int, int] = {}
@@ -202,6 +204,24 @@ def plan(order: list[Class], leaves: list[Class], outputs: list[Class], match: b
         for st in steps:
             log("sched", f"{st.kind:9s} {st.device:7s} {st.name}")
     return Plan(len(leaves), alloc, steps, release_after, out_slots, len(slot), alias_slots)
+
+
+def _check_order(steps: list[Step], ready: set[int], aliases: list[tuple[int, int]]) -> None:
+    """Every step reads only ``ready`` slots (leaves, empty values), slots an earlier step wrote, and aliases of
+    those: a wrong order would read garbage silently."""
+    written = set(ready)
+    for st in steps:
+        written |= {a for a, src in aliases if src in written}
+        if st.kind == "generated":
+            kinds = [p.kind for p in st.source.params]
+            reads = {a for a, kind in zip(st.args, kinds) if kind == "in"}
+            writes = {a for a, kind in zip(st.args, kinds) if kind == "out"}
+        else:  # a copy or a library call: its inputs, then its output
+            reads, writes = set(st.args[:-1]), {st.args[-1]}
+        if not reads <= written:
+            raise BackendError(ErrorStatus.COMPILATION, f"the plan runs {st.name} before the steps that write its "
+                               "inputs; please report this graph (ZYX_DEBUG=sched shows the steps)")
+        written |= writes
 
 
 def _device_key(dev: Device) -> str:
