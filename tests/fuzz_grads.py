@@ -210,6 +210,8 @@ def _upload(prog: Program, device: str, transform: Callable[[np.ndarray], np.nda
 
 
 def _as_arrays(prog: Program, loss: zyx.Tensor, grads: list) -> tuple[float, dict[int, np.ndarray]]:
+    """The loss and gradients as NumPy, realized together (one plan with several outputs, as a training step)."""
+    zyx.realize(loss, *(g for g in grads if g is not None))
     return float(loss.numpy()), {i: g.numpy() if g is not None else np.zeros(prog.instrs[i].data.shape)
                                  for i, g in zip(grad_inputs(prog), grads)}
 
