@@ -253,7 +253,9 @@ def grad_source(prog: Program, device: str, weights: dict[int, np.ndarray]) -> s
         lines.append(line)
     terms = " + ".join(f"(v{i} * zyx.Tensor(np.array({w.tolist()!r}), device=device)).sum()"
                        for i, w in weights.items())
-    lines += [f"loss = {terms}", "loss.backward()"]
+    grads = ", ".join(f"v{i}.grad" for i in grad_inputs(prog))
+    lines += [f"loss = {terms}", "loss.backward()",
+              f"zyx.realize(*(t for t in (loss, {grads}) if t is not None))"]
     lines += [f"print('v{i}.grad', repr(v{i}.grad.numpy() if v{i}.grad is not None else None))"
               for i in grad_inputs(prog)]
     return "\n".join(lines)
