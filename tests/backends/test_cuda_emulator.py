@@ -111,7 +111,16 @@ def stress(seed: int, unsafe: frozenset[str] = frozenset(), ops: int = 160, buff
         for _ in range(ops):
             r = rng.random()
             out = rng.randrange(buffers)
-            if r < 0.6:  # a kernel out = a * alpha + b, out distinct from its inputs
+            if r < 0.15:  # a batch of two kernels under one of three keys: captured as a graph, then replayed with
+                # other buffers, often several times in one window (t = a * alpha + b; out = t + c)
+                key = rng.randrange(3)
+                a, b, t, c, out = rng.sample(range(buffers), 5)
+                alpha = (0.5, -1.0, 2.0)[key]
+                m.device.launch_batch(("stress", key), [(prog, [ids[a], ids[b], ids[t], alpha, N]),
+                                                        (prog, [ids[t], ids[c], ids[out], 1.0, N])])
+                host[t] = host[a] * np.float32(alpha) + host[b]
+                host[out] = host[t] + host[c]
+            elif r < 0.6:  # a kernel out = a * alpha + b, out distinct from its inputs
                 a, b = rng.sample([i for i in range(buffers) if i != out], 2)
                 alpha = rng.choice([0.5, -1.0, 2.0, 0.25])
                 m.device.launch(prog, [ids[a], ids[b], ids[out], alpha, N])
