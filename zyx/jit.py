@@ -30,8 +30,10 @@ the random generator's counter) are advanced by hooks the capture recorded (``zy
 
 Not captured (documented limits): Python control flow that depends on values (reading ``.item()`` or
 ``.numpy()`` inside raises ``CaptureError``); a tensor read but not passed in that the caller rebinds
-between calls without ``assign`` (a replay still reads the captured buffer); ``.grad`` attributes are not
-refreshed by a replay. Python scalar arguments are part of the signature (a new value captures again).
+between calls without ``assign`` (a replay still reads the captured buffer); a tensor the function reads
+directly that the capture call also passed as an argument (``f(w)`` where ``f`` reads ``w`` too: one leaf, bound to
+the argument, so a replay ``f(x)`` reads ``x`` for both); ``.grad`` attributes are not refreshed by a replay.
+Python scalar arguments are part of the signature (a new value captures again).
 """
 
 from __future__ import annotations
