@@ -15,12 +15,13 @@ gradient with respect to every float64 input is compared, element by element, wi
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
 import ml_dtypes
 import numpy as np
-from fuzz_programs import GENERATORS, Builder, Program, decoy, programs, zdt
+from fuzz_programs import GENERATORS, Builder, Program, array_src, decoy, programs, zdt
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -62,6 +63,8 @@ def _reduced_axes(template: str, nd: int) -> tuple[int, ...]:
 class SmoothBuilder(Builder):
     """float64 programs of differentiable ops, each applied away from its kinks (see the module docstring)."""
 
+    FLOAT = dtypes.float64
+
     BINARY_OPS = ("add", "sub", "mul", "truediv", "pow", "maximum", "minimum", "lt", "gt", "add", "mul", "sub")
     UNARY_OPS = ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "erf", "sigmoid",
                  "relu", "floor", "sign", "square", "neg", "tanh", "sin")
@@ -71,7 +74,7 @@ class SmoothBuilder(Builder):
     SCALARS = (0.5, -0.5, 1.5, -1.5, 2.0, 0.75, -1.25, 3.0, 0.3)
 
     def dtype(self, like: DType | None = None, pred: Callable[[DType], bool] = lambda d: True) -> DType:
-        return dtypes.float64 if pred(dtypes.float64) else super().dtype(like, pred)
+        return self.FLOAT if pred(self.FLOAT) else super().dtype(like, pred)
 
     def scalar(self, d: DType) -> Any:
         if not d.is_float:
@@ -79,11 +82,11 @@ class SmoothBuilder(Builder):
         return self.draw(st.sampled_from(self.SCALARS))
 
     def array(self, d: DType, shape: tuple[int, ...]) -> np.ndarray:
-        if d is not dtypes.float64:
+        if d is not self.FLOAT:
             return super().array(d, shape)
-        magnitude = st.floats(0.1, 2.0, exclude_min=True, exclude_max=True)
+        magnitude = st.floats(0.125, 2.0, exclude_min=True, exclude_max=True, width=8 * d.itemsize)
         el = st.one_of(magnitude, magnitude.map(lambda v: -v))
-        return self.draw(hnp.arrays(np.float64, shape, elements=el))
+        return self.draw(hnp.arrays(d.np_dtype, shape, elements=el))
 
     def emit(self, template: str, args: Any, ref: Callable[..., np.ndarray], **kw: Any) -> int:
         ins = [self.vals[a].arr for a in args]
@@ -111,10 +114,17 @@ class SmoothBuilder(Builder):
                 near = np.min(x) <= 0.05
             elif op == "reciprocal":
                 near = np.min(np.abs(x)) <= 0.05
-            elif op in ("truediv", "pow"):  # near a zero denominator, or a zero base (x ** 0.5)
-                denominator = x if template.startswith(("({0} **", "((")) else (
-                    ins[1] if len(ins) > 1 else np.ones(1))
+            elif op == "truediv":  # near a zero denominator
+                denominator = x if template.startswith("((") else (ins[1] if len(ins) > 1 else np.ones(1))
                 near = np.min(np.abs(denominator)) <= 0.05
+            elif op == "pow":  # the base away from 0, and positive where the exponent varies (a negative base has
+                # a power only at integers: (-1) ** 72 is 1, (-1) ** (72 + h) NaN)
+                if template.startswith("(("):
+                    near = _scalar_operand(template) <= 0.05
+                elif len(ins) > 1:
+                    near = np.min(x) <= 0.05
+                else:
+                    near = np.min(np.abs(x)) <= 0.05
             elif op in ("maximum", "minimum", "lt", "gt"):
                 other = ins[1].astype(np.float64) if len(ins) > 1 else _scalar_operand(template)
                 near = np.min(np.abs(x - other)) <= MARGIN
@@ -130,49 +140,66 @@ class SmoothBuilder(Builder):
 
 
 def _scalar_operand(template: str) -> float:
-    """The Python scalar in a one-tensor binary template such as ``({0} < (1.5))`` or ``{0}.maximum(0.5)``."""
-    inner = template.replace("{0}", "").strip("()")
-    for tok in ("maximum(", "minimum(", "<", ">"):
-        inner = inner.replace(tok, " ")
-    return float(inner.strip(" .()"))
+    """The Python scalar in a one-tensor binary template such as ``({0} < (1.5))``, ``((-0.5) ** {0})``,
+    ``((False) ** {0})`` or ``{0}.maximum(0.5)``."""
+    m = re.search(r"-?\d+(?:\.\d*)?(?:e[-+]?\d+)?|True|False", template.replace("{0}", ""))
+    assert m is not None, template
+    return float(m.group() == "True") if m.group() in ("True", "False") else float(m.group())
+
+
+class SmoothBuilder32(SmoothBuilder):
+    """The same programs in float32 (zyx's float32 kernels and library calls, checked against float64 differences)."""
+
+    FLOAT = dtypes.float32
 
 
 GRAD_GENERATORS = tuple(name for name, (_, w) in GENERATORS.items() if name != "cast" for _ in range(w))
+# per float dtype: the relative tolerance of a gradient and its allowance for rounding, per unit of the summed
+# magnitude of the program's values (float64: the finite differences' own rounding; float32: zyx's)
+TOLERANCE = {np.dtype(np.float64): (1e-5, 1e-15 / 1e-6), np.dtype(np.float32): (2e-3, 1e-6)}
+LOSS_TOLERANCE = {np.dtype(np.float64): (1e-9, 1e-13), np.dtype(np.float32): (1e-5, 1e-6)}
 
 
-def grad_programs(max_ops: int = 6) -> st.SearchStrategy[Program]:
-    return programs(max_ops=max_ops, builder=SmoothBuilder, generators=GRAD_GENERATORS)
+def grad_programs(max_ops: int = 6, dtype: DType = dtypes.float64) -> st.SearchStrategy[Program]:
+    builder = SmoothBuilder if dtype is dtypes.float64 else SmoothBuilder32
+    return programs(max_ops=max_ops, builder=builder, generators=GRAD_GENERATORS)
+
+
+def _is_float(a: np.ndarray) -> bool:
+    return a.dtype.kind == "f"
 
 
 def loss_weights(prog: Program) -> dict[int, np.ndarray]:
-    """Fixed random weights per float64 value the program computes (every one, so that no op's gradient is left
-    out: the generator builds on any earlier value, and many are not on the way to the outputs)."""
+    """Fixed random weights per float value the program computes, in its dtype (every one, so that no op's gradient
+    is left out: the generator builds on any earlier value, and many are not on the way to the outputs)."""
     rng = np.random.default_rng(len(prog.instrs))
-    return {i: rng.standard_normal(v.arr.shape) for i, v in enumerate(prog.vals)
-            if v.arr.dtype == np.float64 and not v.is_input}
+    return {i: rng.standard_normal(v.arr.shape).astype(v.arr.dtype) for i, v in enumerate(prog.vals)
+            if _is_float(v.arr) and not v.is_input}
 
 
 def grad_inputs(prog: Program) -> list[int]:
-    return [i for i, ins in enumerate(prog.instrs) if ins.data is not None and ins.data.dtype == np.float64]
+    return [i for i, ins in enumerate(prog.instrs) if ins.data is not None and _is_float(ins.data)]
 
 
 def reference_loss(prog: Program, weights: dict[int, np.ndarray], data: dict[int, np.ndarray]) -> float:
-    """The loss computed by the NumPy reference, with the inputs in ``data`` replaced."""
+    """The loss computed by the NumPy reference in float64 (float inputs widened), with the inputs in ``data``
+    replaced."""
     arrs: list[np.ndarray] = []
     with np.errstate(all="ignore"):
         for i, ins in enumerate(prog.instrs):
             if ins.data is not None:
-                arrs.append(data.get(i, ins.data))
+                x = data.get(i, ins.data)
+                arrs.append(x.astype(np.float64) if _is_float(x) else x)
             else:
                 arrs.append(np.asarray(ins.ref(*(arrs[a] for a in ins.args))))
-        return float(sum(np.sum(arrs[i] * w) for i, w in weights.items()))
+        return float(sum(np.sum(arrs[i].astype(np.float64) * w) for i, w in weights.items()))
 
 
 def finite_differences(prog: Program, weights: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
-    """Central differences of :func:`reference_loss` per element of every float64 input."""
+    """Central differences of :func:`reference_loss` per element of every float input."""
     out = {}
     for i in grad_inputs(prog):
-        x = prog.instrs[i].data
+        x = prog.instrs[i].data.astype(np.float64)
         g = np.zeros(x.shape)
         for j in np.ndindex(x.shape):
             h = STEP * max(1.0, abs(float(x[j])))
@@ -187,7 +214,7 @@ def finite_differences(prog: Program, weights: dict[int, np.ndarray]) -> dict[in
 def _loss_and_grads(prog: Program, device: str, weights: dict[int, np.ndarray], inputs: dict[int, zyx.Tensor]
                     ) -> tuple[zyx.Tensor, list[zyx.Tensor | None]]:
     """Build the program on ``inputs`` (uploaded tensors by instruction), the loss, and run backward: the loss and
-    the gradient of every float64 input (None where the loss does not depend on it)."""
+    the gradient of every float input (None where the loss does not depend on it)."""
     env: dict[str, Any] = {"zyx": zyx, "np": np, "ml_dtypes": ml_dtypes, "device": device, "inf": math.inf,
                            "nan": math.nan}
     for i, ins in enumerate(prog.instrs):
@@ -198,14 +225,14 @@ def _loss_and_grads(prog: Program, device: str, weights: dict[int, np.ndarray], 
         term = (env[f"v{i}"] * zyx.Tensor(w, device=device)).sum()
         loss = term if loss is None else loss + term
     assert loss is not None
-    if loss.requires_grad:  # else no float64 input reaches the loss
+    if loss.requires_grad:  # else no float input reaches the loss
         loss.backward()
     return loss, [inputs[i].grad for i in grad_inputs(prog)]
 
 
 def _upload(prog: Program, device: str, transform: Callable[[np.ndarray], np.ndarray] = np.copy
             ) -> dict[int, zyx.Tensor]:
-    return {i: zyx.Tensor(transform(ins.data), device=device, requires_grad=ins.data.dtype == np.float64)
+    return {i: zyx.Tensor(transform(ins.data), device=device, requires_grad=_is_float(ins.data))
             for i, ins in enumerate(prog.instrs) if ins.data is not None}
 
 
@@ -217,7 +244,7 @@ def _as_arrays(prog: Program, loss: zyx.Tensor, grads: list) -> tuple[float, dic
 
 
 def run_zyx_grads(prog: Program, device: str, weights: dict[int, np.ndarray]) -> tuple[float, dict[int, np.ndarray]]:
-    """zyx's loss and its gradient per float64 input (zeros where the loss does not depend on an input)."""
+    """zyx's loss and its gradient per float input (zeros where the loss does not depend on an input)."""
     return _as_arrays(prog, *_loss_and_grads(prog, device, weights, _upload(prog, device)))
 
 
@@ -251,7 +278,7 @@ def grad_source(prog: Program, device: str, weights: dict[int, np.ndarray]) -> s
         if i in grad_inputs(prog):
             line = line[:-1] + ", requires_grad=True)"
         lines.append(line)
-    terms = " + ".join(f"(v{i} * zyx.Tensor(np.array({w.tolist()!r}), device=device)).sum()"
+    terms = " + ".join(f"(v{i} * zyx.Tensor({array_src(w)}, device=device)).sum()"
                        for i, w in weights.items())
     grads = ", ".join(f"v{i}.grad" for i in grad_inputs(prog))
     lines += [f"loss = {terms}", "loss.backward()",
@@ -261,15 +288,29 @@ def grad_source(prog: Program, device: str, weights: dict[int, np.ndarray]) -> s
     return "\n".join(lines)
 
 
+def _magnitude(prog: Program) -> float:
+    """The summed magnitude of every float value of the program (the scale of rounding errors that cancel)."""
+    return sum(float(np.sum(np.abs(v.arr.astype(np.float64)))) for v in prog.vals if _is_float(v.arr))
+
+
+def compare_loss(prog: Program, got: float, want: float) -> str | None:
+    """A mismatch of zyx's loss against the float64 reference, or None."""
+    narrowest = min((v.arr.dtype for v in prog.vals if _is_float(v.arr)), key=lambda d: d.itemsize)
+    rtol, per_magnitude = LOSS_TOLERANCE[narrowest]
+    ok = abs(got - want) <= rtol * (1 + abs(want)) + per_magnitude * _magnitude(prog)
+    return None if ok else f"loss: zyx {got!r}, numpy {want!r}"
+
+
 def compare_grads(prog: Program, got: dict[int, np.ndarray], want: dict[int, np.ndarray]) -> list[str]:
     """Mismatches of zyx's gradients against the finite differences (tolerance: the differences' own error, from
     the step's truncation and the rounding of every value the loss sums)."""
-    magnitude = sum(float(np.sum(np.abs(v.arr))) for v in prog.vals if v.arr.dtype == np.float64)
+    magnitude = _magnitude(prog)
     errors = []
     for i, w in want.items():
-        g = got[i]
-        tol = 1e-5 * (1 + np.abs(w)) + 1e-15 * magnitude / STEP
-        bad = ~(np.abs(g - w) <= tol)
+        g = got[i].astype(np.float64)
+        rtol, per_magnitude = TOLERANCE[prog.instrs[i].data.dtype]
+        tol = rtol * (1 + np.abs(w)) + per_magnitude * magnitude
+        bad = ~(np.abs(g - w) <= tol) & np.isfinite(w)  # a difference that is not finite judges nothing
         if np.any(bad):
             idx = [tuple(int(k) for k in ix) for ix in np.argwhere(bad)[:4]]
             where = "; ".join(f"at {ix}: zyx {g[ix]!r} vs finite differences {w[ix]!r}" for ix in idx)
