@@ -101,12 +101,69 @@ class SmoothBuilder(Builder):
             raise Rejected(f"{template}: a value out of range (or a std near 0, its kink)")
         return i
 
+    # ---- zyx.nn.functional --------------------------------------------------------------------------------------
+    def g_nn(self) -> bool:
+        op = self.draw(st.sampled_from(("attention", "attention", "layer_norm", "gelu", "silu", "softplus",
+                                        "leaky_relu")))
+        if op == "attention":
+            return self._attention()
+        a = self.pick(lambda v: _is_float(v.arr) and v.arr.ndim >= (1 if op == "layer_norm" else 0))
+        if a is None:
+            return False
+        x = self.vals[a].arr
+        if op == "layer_norm":
+            k = self.draw(st.integers(1, min(2, x.ndim)))
+            shape = x.shape[x.ndim - k:]
+            if self.draw(st.booleans()):
+                w, b = self.new_input(shape, self.FLOAT, "data"), self.new_input(shape, self.FLOAT, "data")
+                self.emit(f"{_NN}.layer_norm({{0}}, {shape!r}, {{1}}, {{2}})", (a, w, b),
+                          lambda y, ww, bb: layer_norm_ref(y, k, ww, bb), exact=False, ops=("layer_norm",))
+            else:
+                self.emit(f"{_NN}.layer_norm({{0}}, {shape!r})", (a,), lambda y: layer_norm_ref(y, k),
+                          exact=False, ops=("layer_norm",))
+            return True
+        refs = {"gelu": lambda y: _gelu_ref(y.astype(np.float64), "none"),
+                "silu": lambda y: y.astype(np.float64) / (1 + np.exp(-y.astype(np.float64))),
+                "softplus": lambda y: np.where(y > 20, y, np.log1p(np.exp(np.minimum(y, 20).astype(np.float64)))),
+                "leaky_relu": lambda y: np.where(y > 0, y, 0.1 * y.astype(np.float64))}
+        template = {"gelu": "{0}.gelu()", "silu": "{0}.silu()", "softplus": "{0}.softplus()",
+                    "leaky_relu": "{0}.leaky_relu(0.1)"}[op]
+        if op == "gelu" and self.draw(st.booleans()):
+            refs["gelu"], template = (lambda y: _gelu_ref(y.astype(np.float64), "tanh")), '{0}.gelu("tanh")'
+        ref = refs[op]
+        self.emit(template, (a,), lambda y: np.asarray(ref(y)).astype(y.dtype), exact=False, ops=(op,))
+        return True
+
+    def _attention(self) -> bool:
+        q = self.pick(lambda v: _is_float(v.arr) and v.arr.ndim >= 2 and 0 not in v.arr.shape[-2:])
+        if q is None:
+            return False
+        *batch, L, E = self.vals[q].arr.shape  # noqa: N806 - the papers' names
+        S, Ev = self.draw(st.integers(1, 4)), self.draw(st.integers(1, 4))  # noqa: N806
+        k = self.new_input((*batch, S, E), self.FLOAT, "data")
+        v = self.new_input((*batch, S, Ev), self.FLOAT, "data")
+        form = self.draw(st.sampled_from(("plain", "causal", "bool", "float")))
+        call = f"{_NN}.scaled_dot_product_attention({{0}}, {{1}}, {{2}}"
+        if form in ("plain", "causal"):
+            causal = form == "causal"
+            self.emit(call + (", is_causal=True)" if causal else ")"), (q, k, v),
+                      lambda a, b, c: attention_ref(a, b, c, None, causal), exact=False, ops=("attention",))
+            return True
+        if form == "bool":
+            arr = self.draw(hnp.arrays(np.bool_, (L, S)))
+            m = self.emit("", (), lambda: arr, data=arr, ops=("input",))
+        else:
+            m = self.new_input((L, S), self.FLOAT, "data")
+        self.emit(call + ", attn_mask={3})", (q, k, v, m), lambda a, b, c, mm: attention_ref(a, b, c, mm, False),
+                  exact=False, ops=("attention",))
+        return True
+
     def _check_margin(self, op: str, template: str, ins: list[np.ndarray]) -> None:
         x = ins[0].astype(np.float64) if ins and ins[0].dtype != np.bool_ else None
         if x is None or x.size == 0:
             return
         with np.errstate(all="ignore"):
-            if op in ("abs", "relu", "sign"):
+            if op in ("abs", "relu", "sign", "leaky_relu"):
                 near = np.min(np.abs(x)) <= MARGIN
             elif op == "floor":
                 near = np.min(np.abs(x - np.round(x))) <= MARGIN
@@ -139,6 +196,53 @@ class SmoothBuilder(Builder):
             raise Rejected(f"{op}: an input near a kink")
 
 
+_NN = "zyx.nn.functional"
+
+
+def _gelu_ref(x: np.ndarray, approximate: str) -> np.ndarray:
+    if approximate == "tanh":
+        return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1 + _erf(x / math.sqrt(2)))
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    return np.vectorize(math.erf, otypes=[np.float64])(x) if x.size else x
+
+
+def _softmax_rows(s: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis; a row of -inf only gives NaN (the caller zeroes it)."""
+    e = np.exp(s - np.max(s, axis=-1, keepdims=True))
+    return e / np.sum(e, axis=-1, keepdims=True)
+
+
+def attention_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, causal: bool) -> np.ndarray:
+    """PyTorch's scaled dot-product attention in float64, returned in ``q``'s dtype; query rows whose keys are all
+    masked out give zeros."""
+    d = q.dtype
+    q, k, v = (a.astype(np.float64) for a in (q, k, v))
+    s = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
+    alive = np.ones(s.shape[:-1] + (1,), bool)
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    elif mask is not None and mask.dtype == np.bool_:
+        s = np.where(mask, s, -np.inf)
+        alive = np.broadcast_to(np.any(mask, axis=-1, keepdims=True), alive.shape)
+    elif mask is not None:
+        s = s + mask.astype(np.float64)
+    with np.errstate(all="ignore"):
+        out = _softmax_rows(s) @ v
+    return np.where(alive, out, 0.0).astype(d)
+
+
+def layer_norm_ref(x: np.ndarray, k: int, w: np.ndarray | None = None, b: np.ndarray | None = None) -> np.ndarray:
+    axes = tuple(range(x.ndim - k, x.ndim))
+    x64 = x.astype(np.float64)
+    d = x64 - x64.mean(axes, keepdims=True)
+    y = d / np.sqrt((d * d).mean(axes, keepdims=True) + 1e-5)
+    y = y * w if w is not None else y
+    return (y + b if b is not None else y).astype(x.dtype)
+
+
 def _scalar_operand(template: str) -> float:
     """The Python scalar in a one-tensor binary template such as ``({0} < (1.5))``, ``((-0.5) ** {0})``,
     ``((False) ** {0})`` or ``{0}.maximum(0.5)``."""
@@ -153,7 +257,7 @@ class SmoothBuilder32(SmoothBuilder):
     FLOAT = dtypes.float32
 
 
-GRAD_GENERATORS = tuple(name for name, (_, w) in GENERATORS.items() if name != "cast" for _ in range(w))
+GRAD_GENERATORS = tuple(name for name, (_, w) in GENERATORS.items() if name != "cast" for _ in range(w)) + ("nn",) * 3
 # per float dtype: the relative tolerance of a gradient and its allowance for rounding, per unit of the summed
 # magnitude of the program's values (float64: the finite differences' own rounding; float32: zyx's)
 TOLERANCE = {np.dtype(np.float64): (1e-5, 1e-15 / 1e-6), np.dtype(np.float32): (2e-3, 1e-6)}

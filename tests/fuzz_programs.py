@@ -1479,7 +1479,8 @@ def programs(draw: Callable, max_ops: int = 6, builder: type[Builder] = Builder,
             name = draw(st.sampled_from(generators))
             mark = len(b.vals)
             try:
-                ok = getattr(b, GENERATORS[name][0].__name__)()  # a builder may override a generator
+                # a builder may override a generator, or add its own (named g_<name>)
+                ok = getattr(b, GENERATORS[name][0].__name__ if name in GENERATORS else f"g_{name}")()
             except (ValueError, IndexError, TypeError, AttributeError) as e:  # a case the generator missed
                 if os.environ.get("ZYX_FUZZ_STRICT_GEN"):
                     raise
