@@ -159,7 +159,7 @@ class SmoothBuilder(Builder):
         return True
 
     def _check_margin(self, op: str, template: str, ins: list[np.ndarray]) -> None:
-        x = ins[0].astype(np.float64) if ins and ins[0].dtype != np.bool_ else None
+        x = ins[0].astype(np.float64) if ins else None  # bools too: True < v jumps where v crosses 1
         if x is None or x.size == 0:
             return
         with np.errstate(all="ignore"):
