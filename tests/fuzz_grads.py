@@ -216,9 +216,9 @@ def _softmax_rows(s: np.ndarray) -> np.ndarray:
 
 
 def attention_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, causal: bool) -> np.ndarray:
-    """PyTorch's scaled dot-product attention in float64, returned in ``q``'s dtype; query rows whose keys are all
-    masked out give zeros."""
-    d = q.dtype
+    """PyTorch's scaled dot-product attention in float64, returned in the operands' common dtype; query rows whose
+    keys are all masked out give zeros."""
+    d = np.result_type(q, k, v)
     q, k, v = (a.astype(np.float64) for a in (q, k, v))
     s = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
     alive = np.ones(s.shape[:-1] + (1,), bool)
@@ -240,7 +240,7 @@ def layer_norm_ref(x: np.ndarray, k: int, w: np.ndarray | None = None, b: np.nda
     d = x64 - x64.mean(axes, keepdims=True)
     y = d / np.sqrt((d * d).mean(axes, keepdims=True) + 1e-5)
     y = y * w if w is not None else y
-    return (y + b if b is not None else y).astype(x.dtype)
+    return (y + b if b is not None else y).astype(np.result_type(*(a for a in (x, w, b) if a is not None)))
 
 
 def _scalar_operand(template: str) -> float:
