@@ -7,8 +7,10 @@ near-ties, a comparison of near-equal values, ``floor`` near an integer, ``log``
 change of an input would flip the result, and no finite difference can say what the derivative is. Values stay
 finite and below ``LIMIT`` in magnitude.
 
-The loss is ``sum(w_k * v_k)`` over every float64 value ``v_k`` the program computes, with fixed random weights; its
-gradient with respect to every float64 input is compared, element by element, with ``(L(x + h e_j) - L(x - h e_j)) /
+The same programs in float32 (:class:`SmoothBuilder32`) run zyx's float32 kernels and library calls.
+
+The loss is ``sum(w_k * v_k)`` over every float value ``v_k`` the program computes, with fixed random weights; its
+gradient with respect to every float input is compared, element by element, with ``(L(x + h e_j) - L(x - h e_j)) /
 2h`` computed by the NumPy reference (the instruction references the value fuzzer checks zyx's forward with).
 """
 
@@ -21,7 +23,7 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
-from fuzz_programs import GENERATORS, Builder, Program, array_src, decoy, programs, zdt
+from fuzz_programs import GENERATORS, Builder, Program, _axes, _erf, array_src, decoy, programs, softmax_ref, zdt
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -54,10 +56,7 @@ def _reduced_axes(template: str, nd: int) -> tuple[int, ...]:
     """The axes a ``{0}.max(axis, keepdim=...)`` template reduces."""
     call = template.split(".", 1)[1].split("(", 1)[1].rsplit(")", 1)[0]
     axis = eval(f"(lambda axis=None, keepdim=False, keepdims=False: axis)({call})")  # noqa: S307 - our literal
-    if axis is None:
-        return tuple(range(nd))
-    axes = (axis,) if isinstance(axis, int) else tuple(axis)
-    return tuple(sorted(a % nd for a in axes)) if nd else ()
+    return tuple(sorted(_axes(axis, nd)))
 
 
 class SmoothBuilder(Builder):
@@ -205,16 +204,6 @@ def _gelu_ref(x: np.ndarray, approximate: str) -> np.ndarray:
     return 0.5 * x * (1 + _erf(x / math.sqrt(2)))
 
 
-def _erf(x: np.ndarray) -> np.ndarray:
-    return np.vectorize(math.erf, otypes=[np.float64])(x) if x.size else x
-
-
-def _softmax_rows(s: np.ndarray) -> np.ndarray:
-    """Softmax over the last axis; a row of -inf only gives NaN (the caller zeroes it)."""
-    e = np.exp(s - np.max(s, axis=-1, keepdims=True))
-    return e / np.sum(e, axis=-1, keepdims=True)
-
-
 def attention_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, causal: bool) -> np.ndarray:
     """PyTorch's scaled dot-product attention in float64, returned in the operands' common dtype; query rows whose
     keys are all masked out give zeros."""
@@ -230,7 +219,7 @@ def attention_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray 
     elif mask is not None:
         s = s + mask.astype(np.float64)
     with np.errstate(all="ignore"):
-        out = _softmax_rows(s) @ v
+        out = softmax_ref("softmax", s, -1) @ v  # a row of -inf only gives NaN: zeroed below
     return np.where(alive, out, 0.0).astype(d)
 
 
@@ -260,7 +249,7 @@ class SmoothBuilder32(SmoothBuilder):
 GRAD_GENERATORS = tuple(name for name, (_, w) in GENERATORS.items() if name != "cast" for _ in range(w)) + ("nn",) * 3
 # per float dtype: the relative tolerance of a gradient and its allowance for rounding, per unit of the summed
 # magnitude of the program's values (float64: the finite differences' own rounding; float32: zyx's)
-TOLERANCE = {np.dtype(np.float64): (1e-5, 1e-15 / 1e-6), np.dtype(np.float32): (2e-3, 1e-6)}
+TOLERANCE = {np.dtype(np.float64): (1e-5, 1e-15 / STEP), np.dtype(np.float32): (2e-3, 1e-6)}
 LOSS_TOLERANCE = {np.dtype(np.float64): (1e-9, 1e-13), np.dtype(np.float32): (1e-5, 1e-6)}
 
 
