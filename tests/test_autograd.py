@@ -252,3 +252,14 @@ def test_log_softmax_node_keeps_infinite_entries_finite_elsewhere():
     np.testing.assert_allclose(out.numpy(), ref, rtol=1e-6)
     (out * zyx.Tensor(np.where(np.isinf(x), 0, 1).astype(np.float32))).sum().backward()
     assert np.isfinite(z.grad.numpy()).all()
+
+
+def test_sum_over_an_empty_axis_keeps_the_gradient_path(device):
+    """PyTorch: the sum of an empty tensor is 0 and backward gives the (empty) zero gradient."""
+    x = zyx.Tensor(np.zeros((0, 3), np.float32), device=device, requires_grad=True)
+    y = x.sum(0) * 2 + x.prod(0)
+    np.testing.assert_array_equal(y.numpy(), [1.0, 1.0, 1.0])
+    y.sum().backward()
+    assert x.grad is not None and x.grad.shape == (0, 3)
+    with zyx.no_grad():
+        assert not x.sum().requires_grad

@@ -829,9 +829,7 @@ class Tensor:
         if any(shape[a] == 0 for a in axes):
             if identity is None:
                 raise ValueError(f"{name} of an empty axis has no identity (shape {shape}, axis {axis})")
-            out = Tensor.full(tuple(1 if i in axes else s for i, s in enumerate(shape)), identity, x.dtype, x.device)
-        else:
-            out = fn.apply(x, axes=axes) if axes else x
+        out = fn.apply(x, axes=axes) if axes else x  # over an empty axis: the identity (``ops.reduce``)
         if not keepdim and axes:  # drop the reduced axes (size 1 now): a reshape known to be valid
             out = F.Reshape.apply(out, shape=tuple(s for i, s in enumerate(shape) if i not in axes))
         return out

@@ -63,15 +63,21 @@ def where(c: Class, a: Class, b: Class) -> Class:
     return make(Ops.WHERE, (c, a, b), None, a.shape, a.dtype, a.device)
 
 
+EMPTY_REDUCE = {Ops.ADD: 0, Ops.MUL: 1, Ops.OR: False, Ops.AND: True}  # the value of a reduce over no elements
+
+
 def reduce(op: Ops, x: Class, axes: tuple[int, ...]) -> Class:
     """Reduce over ``axes`` keeping them as size 1. A reduce of an expanded value is computed before the expand
     (once per distinct value, not once per copy) when no reduced axis was expanded, or when the op ignores
-    copies (max, min, or, and: those axes are dropped)."""
+    copies (max, min, or, and: those axes are dropped). Over an empty axis it is ``EMPTY_REDUCE``'s constant
+    (max and min have none: the tensor layer raises first)."""
     assert op in REDUCE_OPS, op
     axes = tuple(sorted(a for a in axes if x.shape[a] != 1))
     if not axes:
         return x
     shape = tuple(1 if i in axes else s for i, s in enumerate(x.shape))
+    if op in EMPTY_REDUCE and any(x.shape[a] == 0 for a in axes):
+        return const(EMPTY_REDUCE[op], shape, x.dtype, x.device)
     if _op(x) is Ops.EXPAND:
         src = x.nodes[0].srcs[0]
         copied = {i for i, (s, o) in enumerate(zip(src.shape, x.shape)) if s != o}
