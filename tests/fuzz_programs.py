@@ -1201,6 +1201,41 @@ class Builder:
                   ops=("gather",))
         return True
 
+    def g_take_along(self) -> bool:
+        """``gather`` (PyTorch: the index no larger than x off the axis) or ``take_along_dim`` (broadcasting), by
+        uploaded indices in [-n, n) read as they are or through a flip (a lazy index: no range check)."""
+        a = self.pick(lambda v: v.arr.ndim >= 1 and v.arr.size > 0)
+        if a is None:
+            return False
+        x = self.vals[a].arr
+        nd = x.ndim
+        ax = self.draw(st.integers(0, nd - 1))
+        n = x.shape[ax]
+        along = self.draw(st.booleans())
+        ishape = tuple(self.draw(st.integers(1, 4)) if d == ax else
+                       (self.draw(st.sampled_from([1, s])) if along else self.draw(st.integers(min(s, 1), s)))
+                       for d, s in enumerate(x.shape))
+        idt = self.draw(st.sampled_from([dtypes.int64, dtypes.int32, dtypes.int16, dtypes.uint8]))
+        lo = -n if idt.kind == "i" else 0
+        arr = self.draw(hnp.arrays(idt.np_dtype, ishape, elements=st.integers(max(lo, -128), min(n - 1, 127))))
+        j = self.emit("", (), lambda: arr, data=arr, ops=("input",))
+        flip = self.draw(st.booleans())
+        index = f"{{1}}.flip({ax})" if flip else "{1}"
+        axis = ax - nd if self.draw(st.booleans()) else ax
+        tmpl = f"{{0}}.take_along_dim({index}, {axis})" if along else f"{{0}}.gather({axis}, {index})"
+
+        def ref(y: np.ndarray, i: np.ndarray) -> np.ndarray:
+            i = (np.flip(i, ax) if flip else i).astype(np.int64) % n
+            if not along:  # gather: x cut to the index's sizes off the axis
+                y = y[tuple(slice(None) if d == ax else slice(0, s) for d, s in enumerate(i.shape))]
+            shape = np.broadcast_shapes(tuple(1 if d == ax else s for d, s in enumerate(y.shape)),
+                                        tuple(1 if d == ax else s for d, s in enumerate(i.shape)))
+            y = np.broadcast_to(y, shape[:ax] + (n,) + shape[ax + 1:])
+            return np.take_along_axis(y, np.broadcast_to(i, shape[:ax] + (i.shape[ax],) + shape[ax + 1:]), ax)
+
+        self.emit(tmpl, (a, j), ref, kind="move", data_args=(0,), ops=("gather",))
+        return True
+
     def g_flip(self) -> bool:
         a = self.pick()
         nd = self.vals[a].arr.ndim
@@ -1455,7 +1490,8 @@ class Builder:
 GENERATORS = {
     "binary": (Builder.g_binary, 7), "unary": (Builder.g_unary, 3), "cast": (Builder.g_cast, 2),
     "reshape": (Builder.g_reshape, 1), "permute": (Builder.g_permute, 1), "expand": (Builder.g_expand, 1),
-    "pad": (Builder.g_pad, 1), "getitem": (Builder.g_getitem, 2), "flip": (Builder.g_flip, 1),
+    "pad": (Builder.g_pad, 1), "getitem": (Builder.g_getitem, 2), "take_along": (Builder.g_take_along, 1),
+    "flip": (Builder.g_flip, 1),
     "squeeze": (Builder.g_squeeze, 1), "repeat": (Builder.g_repeat, 1), "flatten": (Builder.g_flatten, 1),
     "split": (Builder.g_split, 1), "cat": (Builder.g_cat, 1), "where": (Builder.g_where, 1),
     "reduce": (Builder.g_reduce, 4), "matmul": (Builder.g_matmul, 1),

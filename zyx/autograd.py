@@ -586,24 +586,42 @@ class Gather(Function):
         return g.gather(x, index, axis)
 
     def backward(self, grad):
-        # scatter-add through a one-hot mask, reduced over the index dimensions
+        # grad: pre + index.shape + post; each element adds into x at its index along ``axis``
         axis, idx = self.axis, self.index
-        n = self.x_shape[axis]
-        ni = len(idx.shape)
-        pre, post = self.x_shape[:axis], self.x_shape[axis + 1:]
-        # grad: pre + idx.shape + post  ->  pre + idx.shape + (n,) + post
-        gshape = pre + idx.shape + (1,) + post
-        full = pre + idx.shape + (n,) + post
-        gg = g.expand(g.reshape(grad, gshape), full)
-        ii = g.cast(idx, dtypes.int64)
-        ii = g.where(g.binary(Ops.CMPLT, ii, g.const(0, ii.shape, dtypes.int64, ii.device)),
-                     g.binary(Ops.ADD, ii, g.const(n, ii.shape, dtypes.int64, ii.device)), ii)
-        ishape = (1,) * len(pre) + idx.shape + (1,) + (1,) * len(post)
-        ar = g.reshape(g.iota(n, dtypes.int64, ii.device), (1,) * (len(pre) + ni) + (n,) + (1,) * len(post))
-        hit = g.binary(Ops.CMPEQ, g.expand(g.reshape(ii, ishape), full), g.expand(ar, full))
-        masked = g.where(hit, gg, g.const(0, full, grad.dtype, grad.device))
-        summed = g.reduce(Ops.ADD, masked, tuple(range(len(pre), len(pre) + ni)))
-        return g.reshape(summed, self.x_shape), None
+        pre, post, ni = self.x_shape[:axis], self.x_shape[axis + 1:], len(idx.shape)
+        at = len(pre) + ni
+        return _add_at_index(g.reshape(grad, pre + idx.shape + (1,) + post),
+                             g.reshape(idx, (1,) * len(pre) + idx.shape + (1,) + (1,) * len(post)),
+                             self.x_shape[axis], at, tuple(range(len(pre), at)), self.x_shape), None
+
+
+class TakeAlong(Function):
+    def forward(self, x, index, axis=0):
+        self.x_shape, self.index, self.axis = x.shape, index, axis
+        return g.take_along(x, index, axis)
+
+    def backward(self, grad):
+        # grad has the index's shape; each element adds into x at its index along ``axis``
+        axis, shape = self.axis, self.index.shape
+        split = shape[:axis + 1] + (1,) + shape[axis + 1:]
+        return _add_at_index(g.reshape(grad, split), g.reshape(self.index, split), self.x_shape[axis], axis + 1,
+                             (axis,), self.x_shape), None
+
+
+def _add_at_index(grad: Class, index: Class, n: int, at: int, summed: tuple[int, ...],
+                  shape: tuple[int, ...]) -> Class:
+    """The sum of ``grad``'s elements into ``n`` slots by ``index`` (both with a size-1 axis ``at`` and
+    broadcasting against each other): a one-hot comparison along ``at``, reduced over ``summed``, then
+    ``shape``. Negative indices count from the end; out of range ones add nowhere (as the forward reads 0)."""
+    ii = g.cast(index, dtypes.int64)
+    ii = g.where(g.binary(Ops.CMPLT, ii, g.const(0, ii.shape, dtypes.int64, ii.device)),
+                 g.binary(Ops.ADD, ii, g.const(n, ii.shape, dtypes.int64, ii.device)), ii)
+    full = tuple(b if a == 1 else a for a, b in zip(grad.shape, ii.shape))
+    full = full[:at] + (n,) + full[at + 1:]
+    ar = g.reshape(g.iota(n, dtypes.int64, ii.device), (1,) * at + (n,) + (1,) * (len(full) - at - 1))
+    hit = g.binary(Ops.CMPEQ, g.expand(ii, full), g.expand(ar, full))
+    masked = g.where(hit, g.expand(grad, full), g.const(0, full, grad.dtype, grad.device))
+    return g.reshape(g.reduce(Ops.ADD, masked, summed), shape)
 
 
 class Copy(Function):
@@ -651,5 +669,6 @@ Expand.direct = _direct(lambda x, shape=(): g.expand(x, shape))
 Pad.direct = _direct(lambda x, pads=(), fill=0: g.pad(x, pads, fill))
 Shrink.direct = _direct(lambda x, spec=(): g.shrink(x, spec))
 Gather.direct = _direct(lambda x, index, axis=0: g.gather(x, index, axis))
+TakeAlong.direct = _direct(lambda x, index, axis=0: g.take_along(x, index, axis))
 Copy.direct = _direct(lambda x, device="": g.copy_to(x, device))
 Contiguous.direct = _direct(g.contiguous)

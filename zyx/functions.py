@@ -18,7 +18,7 @@ UNARY_AND_REDUCE = (
     "sum", "prod", "mean", "max", "min", "amax", "amin", "argmax", "argmin", "var", "std", "logsumexp", "softmax",
     "log_softmax", "cumsum", "cumprod", "all", "any",
     "reshape", "transpose", "permute", "flatten", "squeeze", "unsqueeze", "flip", "broadcast_to", "repeat_interleave",
-    "split", "chunk", "pad",
+    "split", "chunk", "pad", "gather", "take_along_dim", "index_select",
 )
 # name -> (the method for a tensor first, the method for a tensor second)
 BINARY = {
@@ -59,3 +59,11 @@ FUNCTIONS: dict[str, Callable[..., Tensor]] = {
     **{name: _method(name) for name in UNARY_AND_REDUCE},
     **{name: _binary(name, *methods) for name, methods in BINARY.items()},
 }
+
+
+def take_along_axis(arr, indices, axis: int | None) -> Tensor:
+    """NumPy's ``take_along_axis`` (``Tensor.take_along_dim``)."""
+    return FUNCTIONS["take_along_dim"](arr, indices, axis)
+
+
+FUNCTIONS["take_along_axis"] = take_along_axis

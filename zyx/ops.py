@@ -82,7 +82,10 @@ class Ops(enum.IntEnum):
     EXPAND = enum.auto()  # arg = new shape
     PAD = enum.auto()  # arg = (((before, after), ...), fill value)
     SHRINK = enum.auto()  # arg = ((start, step), ...) with the output shape; negative steps flip
-    GATHER = enum.auto()  # srcs = (x, index), arg = axis
+    GATHER = enum.auto()  # srcs = (x, index), arg = axis: x[..., index[j...], ...] for every index element
+    TAKE_ALONG = enum.auto()  # srcs = (x, index), arg = axis: x at each output position with its ``axis``
+    # coordinate replaced by the index value there (index and x agree off ``axis``; the output has the index's shape)
+    # GATHER and TAKE_ALONG: a negative index counts from the end, one out of range reads 0
     # graph: materialization
     COPY = enum.auto()  # arg = destination device name
     CONTIGUOUS = enum.auto()

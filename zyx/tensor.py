@@ -1120,6 +1120,51 @@ class Tensor:
     def _slice_axis(self, axis: int, start: int, stop: int) -> Tensor:
         return self._shrink(tuple((start, stop, 1) if i == axis else (0, s, 1) for i, s in enumerate(self.shape)))
 
+    # ---- selection by integer tensors (negative indices count from the end, as in NumPy) -------------------
+    def gather(self, dim: int, index) -> Tensor:
+        """PyTorch's ``gather``: for ``dim`` 1, ``out[i, j, k] = self[i, index[i, j, k], k]``. ``index`` has this
+        tensor's number of dimensions and, off ``dim``, sizes no larger than its own; the output has the index's
+        shape."""
+        x = self._on_compute()
+        axis = _norm_axis(dim, x.ndim, "dim")
+        idx = _index_operand(index, x, axis, "gather")
+        if idx.ndim != x.ndim or any(i > s for d, (i, s) in enumerate(zip(idx.shape, x.shape)) if d != axis):
+            raise ValueError(f"gather: an index of shape {idx.shape} does not fit a tensor of shape {x.shape} along "
+                             f"dim {axis}: it needs {x.ndim} dimensions, each but dim {axis} no larger than the "
+                             f"tensor's")
+        x = x._shrink(tuple((0, s if d == axis else i, 1) for d, (i, s) in enumerate(zip(idx.shape, x.shape))))
+        return F.TakeAlong.apply(x, idx.detach(), axis=axis)
+
+    def take_along_dim(self, indices, dim: int | None = None) -> Tensor:
+        """PyTorch's ``take_along_dim`` (NumPy's ``take_along_axis``): ``gather`` with the sizes off ``dim``
+        broadcast between the tensor and ``indices``; with ``dim`` None, both are flattened first."""
+        x = self._on_compute()
+        if dim is None:
+            return x.reshape(-1).take_along_dim(_index_operand(indices, x, None, "take_along_dim").reshape(-1), 0)
+        axis = _norm_axis(dim, x.ndim, "dim")
+        idx = _index_operand(indices, x, axis, "take_along_dim")
+        if idx.ndim != x.ndim:
+            raise ValueError(f"take_along_dim: indices of shape {idx.shape} need as many dimensions as the tensor "
+                             f"({x.shape})")
+        try:
+            common = list(np.broadcast_shapes(*(tuple(1 if d == axis else s for d, s in enumerate(t.shape))
+                                                for t in (x, idx))))
+        except ValueError:
+            raise ValueError(f"take_along_dim: shapes {x.shape} and {idx.shape} do not broadcast off dim "
+                             f"{axis}") from None
+        x = x.broadcast_to(tuple(common[:axis] + [x.shape[axis]] + common[axis + 1:]))
+        idx = idx.broadcast_to(tuple(common[:axis] + [idx.shape[axis]] + common[axis + 1:]))
+        return F.TakeAlong.apply(x, idx.detach(), axis=axis)
+
+    def index_select(self, dim: int, index) -> Tensor:
+        """PyTorch's ``index_select``: the entries of a 1-D integer ``index`` along ``dim``, in its order."""
+        x = self._on_compute()
+        axis = _norm_axis(dim, x.ndim, "dim")
+        idx = _index_operand(index, x, axis, "index_select")
+        if idx.ndim != 1:
+            raise ValueError(f"index_select: the index must be 1-D, got shape {idx.shape}")
+        return F.Gather.apply(x, idx.detach(), axis=axis)
+
     def __getitem__(self, index) -> Tensor:
         if self.cls.device == "disk":
             from zyx.io import disk_getitem  # reads only the byte range the index touches
@@ -1407,6 +1452,16 @@ def _index_tensor(idx, x: Tensor, axis: int) -> Tensor:
         if vals.size and (vals.min() < -n or vals.max() >= n):
             bad = vals[(vals < -n) | (vals >= n)].reshape(-1)[0]
             raise IndexError(f"index {bad} is out of bounds for axis {axis} with size {n}")
+    return t
+
+
+def _index_operand(index, x: Tensor, axis: int | None, name: str) -> Tensor:
+    """``index`` as an integer tensor on ``x``'s device, range-checked against ``axis`` (None: ``x`` flattened)
+    when its values are at hand (``_index_tensor``)."""
+    t = _index_tensor(index, x if axis is not None else x.reshape(-1), axis or 0)
+    if t.device != x.device:
+        raise ValueError(f"{name}: the index is on {t.device} and the tensor on {x.device}; move one with "
+                         f".to(device)")
     return t
 
 

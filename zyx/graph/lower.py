@@ -191,12 +191,15 @@ class KernelBuilder:
             inner_gate = valid if gate is None else ir.and_(gate, valid)
             v = self.lower(srcs[0], tuple(new), inner_gate if valid.op is not Ops.CONST else gate)
             return ir.where(valid, v, ir.const(fill, c.dtype))
-        if op is Ops.GATHER:
+        if op is Ops.GATHER or op is Ops.TAKE_ALONG:
             x, index = srcs
             axis = arg
-            nd = len(index.shape)
-            pre, mid, post = idx[:axis], idx[axis:axis + nd], idx[axis + nd:]
-            iv = ir.cast(self.lower(index, tuple(mid), gate), ir.index_dtype)
+            if op is Ops.GATHER:  # the index's own coordinates sit where x's axis was
+                nd = len(index.shape)
+                pre, at, post = idx[:axis], idx[axis:axis + nd], idx[axis + nd:]
+            else:  # the index shares every coordinate with the output
+                pre, at, post = idx[:axis], idx, idx[axis + 1:]
+            iv = ir.cast(self.lower(index, tuple(at), gate), ir.index_dtype)
             n = x.shape[axis]
             zero = ir.const(0, ir.index_dtype)
             iv = ir.where(ir.alu(Ops.CMPLT, iv, zero), iv + n, iv)

@@ -164,6 +164,14 @@ def gather(x: Class, index: Class, axis: int) -> Class:
     return make(Ops.GATHER, (x, index), axis, shape, x.dtype, x.device)
 
 
+def take_along(x: Class, index: Class, axis: int) -> Class:
+    """``x`` at every position of ``index`` with its ``axis`` coordinate replaced by the index value there
+    (NumPy's ``take_along_axis`` without broadcasting): the shapes agree off ``axis``."""
+    assert len(x.shape) == len(index.shape) and all(a == b for d, (a, b) in enumerate(zip(x.shape, index.shape))
+                                                    if d != axis), (x.shape, index.shape, axis)
+    return make(Ops.TAKE_ALONG, (x, index), axis, index.shape, x.dtype, x.device)
+
+
 def copy_to(x: Class, device: str) -> Class:
     return make(Ops.COPY, (x,), device, x.shape, x.dtype, device)
 
