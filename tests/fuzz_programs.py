@@ -1236,6 +1236,45 @@ class Builder:
         self.emit(tmpl, (a, j), ref, kind="move", data_args=(0,), ops=("gather",))
         return True
 
+    def g_setitem(self) -> bool:
+        """``x[index] = v`` on a detached copy of a value (the program's ``x`` stays as it was): slices, ints and
+        at most one 1-D host index (repeats too), ``v`` a new input of any dtype broadcast to ``x[index]``."""
+        a = self.pick(lambda v: v.arr.ndim >= 1)
+        if a is None:
+            return False
+        x = self.vals[a].arr
+        taxis = self.draw(st.integers(0, x.ndim - 1)) if self.draw(st.integers(0, 2)) == 0 else None
+        index: list[Any] = []
+        src: list[str] = []
+        for ax, n in enumerate(x.shape):
+            if ax == taxis and n:
+                arr = np.array(self.draw(st.lists(st.integers(-n, n - 1), min_size=0, max_size=4)), np.int64)
+                index.append(arr)
+                src.append(f"np.array({arr.tolist()!r}, np.int64)")
+            elif n and self.draw(st.integers(0, 3)) == 0:
+                i = self.draw(st.integers(-n, n - 1))
+                index.append(i)
+                src.append(str(i))
+            else:
+                sl = self._slice(n)
+                index.append(sl)
+                src.append(f"slice({sl.start}, {sl.stop}, {sl.step})")
+        tindex = tuple(index)
+        target = x[tindex].shape
+        drop = self.draw(st.integers(0, len(target)))
+        vshape = tuple(1 if self.draw(st.integers(0, 3)) == 0 else s for s in target[drop:])
+        j = self.new_input(vshape, self.dtype())
+        d = zdt(x)
+
+        def ref(y: np.ndarray, v: np.ndarray) -> np.ndarray:
+            out = y.copy()
+            out[tindex] = cast_ref(v, d)
+            return out
+
+        tmpl = "(_t := {0}.detach(), _t.__setitem__((" + ", ".join(src) + ",), {1}), _t)[2]"
+        self.emit(tmpl, (a, j), ref, kind="move", data_args=(0, 1), ops=("setitem",))
+        return True
+
     def g_flip(self) -> bool:
         a = self.pick()
         nd = self.vals[a].arr.ndim
@@ -1491,7 +1530,7 @@ GENERATORS = {
     "binary": (Builder.g_binary, 7), "unary": (Builder.g_unary, 3), "cast": (Builder.g_cast, 2),
     "reshape": (Builder.g_reshape, 1), "permute": (Builder.g_permute, 1), "expand": (Builder.g_expand, 1),
     "pad": (Builder.g_pad, 1), "getitem": (Builder.g_getitem, 2), "take_along": (Builder.g_take_along, 1),
-    "flip": (Builder.g_flip, 1),
+    "setitem": (Builder.g_setitem, 1), "flip": (Builder.g_flip, 1),
     "squeeze": (Builder.g_squeeze, 1), "repeat": (Builder.g_repeat, 1), "flatten": (Builder.g_flatten, 1),
     "split": (Builder.g_split, 1), "cat": (Builder.g_cat, 1), "where": (Builder.g_where, 1),
     "reduce": (Builder.g_reduce, 4), "matmul": (Builder.g_matmul, 1),

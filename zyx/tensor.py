@@ -1165,6 +1165,23 @@ class Tensor:
             raise ValueError(f"index_select: the index must be 1-D, got shape {idx.shape}")
         return F.Gather.apply(x, idx.detach(), axis=axis)
 
+    def __setitem__(self, index, value) -> None:
+        """NumPy's and PyTorch's ``x[index] = value``. A tensor is a value, so ``x`` is rebound to a new lazy one
+        (one fused select); tensors computed from ``x`` before keep what they read. ``value`` is cast to ``x``'s
+        dtype and broadcast to ``x[index]``'s shape. A tensor index must be 1-D; its values are read here
+        (repeated positions: the last write wins)."""
+        if self.cls.device == "disk":
+            raise TypeError("x[...] = v: tensors on disk are read-only; copy one with .to(device) first")
+        if self.requires_grad and F.grad_enabled():
+            raise RuntimeError("x[...] = v on a tensor that requires grad would change a value its gradient "
+                               "depends on; build the new value out of place (zyx.where, masked_fill) or assign "
+                               "under zyx.no_grad()")
+        new = _setitem(self, index, value)
+        capture.note_assign(self, self.cls)
+        self.cls = new.cls
+        if new.requires_grad and F.grad_enabled():  # a value that requires grad: x joins its graph
+            self.requires_grad, self._ctx = True, new._ctx
+
     def __getitem__(self, index) -> Tensor:
         if self.cls.device == "disk":
             from zyx.io import disk_getitem  # reads only the byte range the index touches
@@ -1465,8 +1482,9 @@ def _index_operand(index, x: Tensor, axis: int | None, name: str) -> Tensor:
     return t
 
 
-def _getitem(x: Tensor, index) -> Tensor:
-    """NumPy basic indexing (ints, slices, None, Ellipsis) plus one integer tensor on one axis."""
+def _expand_index(x: Tensor, index) -> list:
+    """``index`` as a list with one entry per axis of ``x`` (the ellipsis, or the missing trailing axes, become
+    full slices), ``None`` entries kept in place."""
     if not isinstance(index, tuple):
         index = (index,)
     is_tensor = [isinstance(ix, (Tensor, list, np.ndarray)) for ix in index]
@@ -1482,6 +1500,19 @@ def _getitem(x: Tensor, index) -> Tensor:
         full.extend([slice(None)] * (x.ndim - n_real) if ix is Ellipsis else [ix])
     if not any(ix is Ellipsis for ix in index):
         full.extend([slice(None)] * (x.ndim - n_real))
+    return full
+
+
+def _advanced_first(full: list) -> bool:
+    """NumPy's placement rule: advanced indices (ints count when a tensor index is present) that are not adjacent
+    put their result dimensions first."""
+    adv = [i for i, ix in enumerate(full) if isinstance(ix, (int, np.integer, Tensor, list, np.ndarray))]
+    return adv[-1] - adv[0] + 1 != len(adv)
+
+
+def _getitem(x: Tensor, index) -> Tensor:
+    """NumPy basic indexing (ints, slices, None, Ellipsis) plus one integer tensor on one axis."""
+    full = _expand_index(x, index)
     spec, gather_axis, gather_index, axis = [], None, None, 0
     for ix in full:
         if ix is None:
@@ -1521,15 +1552,70 @@ def _getitem(x: Tensor, index) -> Tensor:
             p += gather_index.ndim
     y = y.reshape(tuple(shape))
     if gather_index is not None:
-        # NumPy: ints count as advanced indices too; when advanced indices are not adjacent, their result
-        # dimensions go first
-        adv = [i for i, ix in enumerate(full) if isinstance(ix, (int, np.integer, Tensor, list, np.ndarray))]
-        if adv[-1] - adv[0] + 1 != len(adv) and gather_at:
+        if gather_at and _advanced_first(full):
             nd = gather_index.ndim
             order = list(range(gather_at, gather_at + nd)) + [i for i in range(y.ndim)
                                                               if not gather_at <= i < gather_at + nd]
             y = y.permute(order)
     return y
+
+
+def _setitem(x: Tensor, index, value) -> Tensor:
+    """The value of ``x`` after NumPy's ``x[index] = value``: ``value`` (cast to ``x``'s dtype) broadcast to
+    ``x[index]``'s shape, spread over ``x``'s shape by a gather per indexed axis (by position maps built here)
+    and put in place by one select. Indices as in ``_getitem``; a tensor index must be 1-D and its values are
+    read now (repeated positions: the last write wins, as in NumPy)."""
+    full = _expand_index(x, index)
+    target = _getitem(x, index).shape  # checks the index; the graph it builds is dropped
+    v = value if isinstance(value, Tensor) else Tensor(np.asarray(value), device=x.device)
+    if v.device != x.device:
+        raise ValueError(f"x[...] = v: the value is on {v.device} and the tensor on {x.device}; move one with "
+                         f".to(device)")
+    try:
+        v = v.cast(x.dtype).broadcast_to(target)
+    except ValueError:
+        raise ValueError(f"x[...] = v: a value of shape {v.shape} does not broadcast to x[index]'s shape "
+                         f"{target}") from None
+    block, maps, axis, shape, tensor_at = [], [], 0, [], None
+    for ix in full:
+        if ix is None:
+            shape.append(1)
+            continue
+        n = x.shape[axis]
+        if isinstance(ix, slice):
+            positions = np.arange(*ix.indices(n), dtype=np.int64)
+            shape.append(len(positions))
+        elif isinstance(ix, (int, np.integer)):
+            positions = np.array([int(ix) % n], np.int64)
+        else:
+            # (its dtype was checked by _getitem) a tensor's values: realized now; inside zyx.jit a CaptureError
+            positions = (ix.numpy() if isinstance(ix, Tensor) else np.asarray(ix)).astype(np.int64)
+            if positions.ndim != 1:
+                raise IndexError(f"x[...] = v takes a 1-D integer tensor index, got shape {positions.shape}")
+            if positions.size and (positions.min() < -n or positions.max() >= n):
+                bad = positions[(positions < -n) | (positions >= n)][0]
+                raise IndexError(f"index {bad} is out of bounds for axis {axis} with size {n}")
+            positions %= max(n, 1)
+            tensor_at = len(shape)
+            shape.append(len(positions))
+        block.append(len(positions))
+        if len(positions) == n and np.array_equal(positions, np.arange(n)):
+            maps.append(None)  # the whole axis, in order
+        else:
+            kmap, mask = np.zeros(n, np.int64), np.zeros(n, np.bool_)
+            kmap[positions] = np.arange(len(positions))  # repeated positions keep the last
+            mask[positions] = True
+            maps.append((kmap, mask))
+        axis += 1
+    if tensor_at and _advanced_first(full):  # undo NumPy's move of the tensor index's dimension to the front
+        v = v.permute(list(range(1, tensor_at + 1)) + [0] + list(range(tensor_at + 1, v.ndim)))
+    out, select = v.reshape(tuple(block)), None
+    for d, m in enumerate(maps):
+        if m is not None:
+            out = F.Gather.apply(out, Tensor(m[0], device=x.device), axis=d)  # (0 into an empty block: masked)
+            here = Tensor(m[1].reshape([-1 if i == d else 1 for i in range(x.ndim)]), device=x.device)
+            select = here if select is None else select & here
+    return out if select is None else where(select, out, x)
 
 
 def realize(*tensors: Tensor) -> None:
