@@ -171,3 +171,23 @@ def test_jitted_training_on_each_device_equals_the_host(device: str) -> None:
     _, _, step = _setup("adam", device)
     got = _run(zyx.jit(step), device)
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6)
+
+
+def test_state_assigned_lazily_by_the_previous_call_advances_on_every_replay(device):
+    """Call 1 leaves ``count`` pending (count + 1, never read); the capture must not record that pending work
+    with the buffers it read then (every replay had restarted from the first value: count stayed at 2)."""
+    count = zyx.Tensor(np.zeros((), np.int64), device=device).realize()
+    total = zyx.Tensor(np.zeros(2, np.float32), device=device).realize()
+
+    @zyx.jit
+    def step(x):
+        count.assign(count + 1)
+        total.assign(total + x.sum(0))
+        return x * 2
+
+    stale = zyx.debug.stats()["jit_stale_captures"]
+    for _ in range(6):
+        step(zyx.Tensor(np.ones((4, 2), np.float32), device=device))
+    assert count.item() == 6
+    np.testing.assert_array_equal(total.numpy(), [24, 24])
+    assert zyx.debug.stats()["jit_stale_captures"] - stale == 1 and step.captures == 1

@@ -19,10 +19,14 @@ class CaptureError(RuntimeError):
 
 
 class Capture:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, pending: set[int] | None = None) -> None:
         self.name = name
         self.hooks: list[Callable[[], None]] = []
         self.assigned: dict[int, tuple[Any, Any]] = {}  # id(tensor) -> (tensor, its class before the call)
+        self.pending = pending or set()  # ids of the unrealized classes that existed when the capture began
+        # a rebound tensor held such a class: its old value is work from before the call, which the recording
+        # would bake into every replay (the capture is then dropped; the next call captures again)
+        self.stale = False
 
     def forbid(self, what: str) -> None:
         raise CaptureError(f"zyx.jit({self.name}): {what} inside a jitted function cannot be replayed (the value "
@@ -42,6 +46,8 @@ def note_assign(tensor: Any, old_class: Any) -> None:
     """While capturing: ``tensor`` is rebound in place; ``old_class`` is what it held before."""
     if active is not None and id(tensor) not in active.assigned:
         active.assigned[id(tensor)] = (tensor, old_class)
+        if id(old_class) in active.pending and not old_class.realized:
+            active.stale = True
 
 
 def forbid(what: str) -> None:

@@ -34,10 +34,12 @@ def kernel_source(*tensors) -> list[str]:
 
 def stats() -> dict[str, int]:
     """Counters since start (or ``reset_stats``): compiles, launches, schedule_cache_hits/misses, realizes,
-    copies, graph_nodes (graph classes built), jit_captures, jit_replays, measured_alternatives (library
-    and generated alternatives timed for extraction, autotune on), ..."""
+    copies, graph_nodes (graph classes built), jit_captures, jit_replays, jit_stale_captures (captures dropped
+    because state was pending from the call before), measured_alternatives (library and generated alternatives
+    timed for extraction, autotune on), ..."""
     out = {k: 0 for k in ("compiles", "launches", "schedule_cache_hits", "schedule_cache_misses", "realizes",
-                          "copies", "graph_nodes", "jit_captures", "jit_replays", "measured_alternatives")}
+                          "copies", "graph_nodes", "jit_captures", "jit_replays", "jit_stale_captures",
+                          "measured_alternatives")}
     out.update(STATS)
     return out
 

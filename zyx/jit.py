@@ -25,6 +25,10 @@ What a replay binds, by where each buffer a recorded plan read came from:
   state): what that tensor holds now, and the tensor is rebound to its new value after the replay (a tensor
   argument rebound inside: the new call's argument);
 - anything else (weights only read, constants): the buffer it was at capture, kept alive.
+A rebound tensor whose old value was still pending when the capture began (assigned lazily by the previous call,
+and not read since: batch norm's running statistics) would have that old computation recorded with the buffers
+it read then, so such a capture is dropped (``jit_stale_captures``) and the next call, its state realized by now,
+captures again.
 Launch-argument scalars that code outside the graph advances (optimizer step counters and their scalars,
 the random generator's counter) are advanced by hooks the capture recorded (``zyx.capture.on_replay``).
 
@@ -46,6 +50,7 @@ from typing import Any
 
 from zyx import capture
 from zyx.graph import schedule
+from zyx.graph import node as graph_node
 from zyx.graph.node import leaf
 from zyx.tensor import Tensor, realize
 from zyx.utils import STATS
@@ -129,6 +134,8 @@ class Jitted:
             self._seen.add(key)
             return self.fn(*args, **kwargs)
         out, program = self._capture(args, kwargs, tensors)
+        if program is None:  # state was pending from before the call: it is realized now, capture next time
+            return out
         self._programs[key] = program
         if len(self._programs) > CACHE_SIZE:
             self._programs.popitem(last=False)
@@ -137,11 +144,12 @@ class Jitted:
         return out
 
     # ---- capture ---------------------------------------------------------------------------------------------
-    def _capture(self, args: tuple, kwargs: dict, tensors: list[Tensor]) -> tuple[Any, _Program]:
+    def _capture(self, args: tuple, kwargs: dict, tensors: list[Tensor]) -> tuple[Any, _Program | None]:
         if capture.active is not None or schedule.recording is not None:
             raise capture.CaptureError(f"zyx.jit({self.name}) was called inside another jitted function")
         arg_buffers = {id(t.cls.buffer): i for i, t in enumerate(tensors)}
-        cap = capture.Capture(self.name)
+        pending = {id(c) for r in graph_node._cache.values() if (c := r()) is not None}
+        cap = capture.Capture(self.name, pending)
         records: list[schedule.Recorded] = []
         capture.active, schedule.recording = cap, records
         try:
@@ -152,6 +160,9 @@ class Jitted:
             realize(*returned, *state)
         finally:
             capture.active, schedule.recording = None, None
+        if cap.stale:
+            STATS["jit_stale_captures"] += 1
+            return out, None
         made: dict[int, tuple[int, int]] = {}
         before = {id(old.buffer): k for k, (_, old) in enumerate(cap.assigned.values()) if old.realized}
         steps = []
