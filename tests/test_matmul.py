@@ -65,3 +65,27 @@ def test_matmul_errors():
         a @ zyx.Tensor(np.float32(1))
     with pytest.raises(ValueError, match="cannot be broadcast"):
         zyx.Tensor(np.ones((2, 2, 3))) @ zyx.Tensor(np.ones((3, 3, 2)))
+
+
+def test_gradients_of_a_summed_matmul_read_the_ones_as_a_constant():
+    """``(a @ b.T).sum().backward()``: the gradient of the sum is a broadcast constant 1. The matcher had read it as
+    a dense (m, n, k) operand: a batch of GEMVs over a materialized m * n * k constant (2.4 GB for a 32768 x 64 x
+    288 convolution). Now the product with 1 folds away and the gradients are sums of the other operand."""
+    a = zyx.Tensor(np.ones((256, 48), np.float32), requires_grad=True).realize()
+    b = zyx.Tensor(np.ones((32, 48), np.float32), requires_grad=True).realize()
+    (a @ b.T).sum().backward()
+    launches = zyx.debug.schedule(a.grad, b.grad)
+    assert all(launch.kind == "generated" and "256_48_32" not in launch.name and "32_48_256" not in launch.name
+               for launch in launches), launches
+    np.testing.assert_array_equal(a.grad.numpy(), np.full((256, 48), 32.0))
+    np.testing.assert_array_equal(b.grad.numpy(), np.full((32, 48), 256.0))
+
+
+def test_a_product_with_one_is_the_other_operand():
+    from zyx.graph import ops as g
+    from zyx.ops import Ops
+
+    x = zyx.Tensor(np.arange(6.0).reshape(2, 3)).cls
+    one = g.const(1.0, (2, 3), x.dtype, x.device)
+    assert g.binary(Ops.MUL, x, one) is x and g.binary(Ops.MUL, one, x) is x
+    assert g.binary(Ops.MUL, x, g.const(2.0, (2, 3), x.dtype, x.device)) is not x

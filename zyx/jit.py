@@ -49,8 +49,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from zyx import capture
-from zyx.graph import schedule
 from zyx.graph import node as graph_node
+from zyx.graph import schedule
 from zyx.graph.node import leaf
 from zyx.tensor import Tensor, realize
 from zyx.utils import STATS

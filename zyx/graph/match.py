@@ -94,7 +94,10 @@ def _walk(c: Class, base: Class) -> View:
         else:
             chain.append(cur)
         cur = cur.srcs[0]
-    strides, offset, shape = contiguous_strides(base.shape), 0, base.shape
+    # a constant is one value broadcast: stride 0 on every axis (read as dense, a ones-gradient of shape (m, n, k)
+    # made the matmul backward of ``(a @ b).sum()`` a batch of GEMVs over an m * n * k materialized constant)
+    strides = (0,) * len(base.shape) if base.op is Ops.CONST else contiguous_strides(base.shape)
+    offset, shape = 0, base.shape
     for m in reversed(chain):
         node = m.node
         if node.op is Ops.PERMUTE:

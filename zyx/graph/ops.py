@@ -53,7 +53,14 @@ def cast(x: Class, dtype: DType) -> Class:
 
 
 def binary(op: Ops, a: Class, b: Class) -> Class:
+    """``op(a, b)``; a product with a constant 1 is the other operand itself (exact in every dtype), so that
+    the ones-gradient of a sum leaves matmul and reduce patterns as they were."""
     assert op in BINARY and a.shape == b.shape and a.device == b.device, (op, a, b)
+    if op is Ops.MUL and a.dtype is b.dtype:
+        if _op(b) is Ops.CONST and b.nodes[0].arg == 1:
+            return a
+        if _op(a) is Ops.CONST and a.nodes[0].arg == 1:
+            return b
     d = dtypes.bool_ if op in COMPARE else a.dtype
     return make(op, (a, b), None, a.shape, d, a.device)
 
