@@ -580,6 +580,38 @@ def _unshrink_axis(grad: Class, axis: int, start: int, step: int, n: int) -> Cla
     return g.pad(grad, tuple(pads))
 
 
+def windows_graph(x: Class, axis: int, kernel: int, stride: int, dilation: int) -> Class:
+    """Sliding windows along ``axis``: ``(..., n, ...) -> (..., o, kernel, ...)``, element ``[i, j]`` being
+    ``x[i * stride + j * dilation]`` with ``o = (n - dilation * (kernel - 1) - 1) // stride + 1``: a gather by an
+    index built from iotas, which the lowering turns into affine index arithmetic (one load per element)."""
+    o = (x.shape[axis] - dilation * (kernel - 1) - 1) // stride + 1
+    i64, dev = dtypes.int64, x.device
+
+    def scaled(n: int, step: int, shape: tuple[int, int]) -> Class:
+        v = g.binary(Ops.MUL, g.iota(n, i64, dev), g.const(step, (n,), i64, dev))
+        return g.expand(g.reshape(v, (n, 1) if shape[0] == n else (1, n)), (o, kernel))
+
+    index = g.binary(Ops.ADD, scaled(o, stride, (o, 1)), scaled(kernel, dilation, (1, kernel)))
+    return g.gather(x, index, axis)
+
+
+class Windows(Function):
+    def forward(self, x, axis=0, kernel=1, stride=1, dilation=1):
+        self.n, self.axis, self.kernel, self.stride, self.dilation = x.shape[axis], axis, kernel, stride, dilation
+        return windows_graph(x, axis, kernel, stride, dilation)
+
+    def backward(self, grad):
+        # window element j of every window i came from x[i * stride + j * dilation]: k strided placements, added
+        axis, shape = self.axis, grad.shape
+        total = None
+        for j in range(self.kernel):
+            pick = tuple((j, j + 1, 1) if i == axis + 1 else (0, s, 1) for i, s in enumerate(shape))
+            gj = g.reshape(g.shrink(grad, pick), shape[:axis + 1] + shape[axis + 2:])
+            placed = _unshrink_axis(gj, axis, j * self.dilation, self.stride, self.n)
+            total = placed if total is None else g.binary(Ops.ADD, total, placed)
+        return (total,)
+
+
 class Gather(Function):
     def forward(self, x, index, axis=0):
         self.x_shape, self.index, self.axis = x.shape, index, axis
@@ -670,5 +702,7 @@ Pad.direct = _direct(lambda x, pads=(), fill=0: g.pad(x, pads, fill))
 Shrink.direct = _direct(lambda x, spec=(): g.shrink(x, spec))
 Gather.direct = _direct(lambda x, index, axis=0: g.gather(x, index, axis))
 TakeAlong.direct = _direct(lambda x, index, axis=0: g.take_along(x, index, axis))
+Windows.direct = _direct(lambda x, axis=0, kernel=1, stride=1, dilation=1: windows_graph(x, axis, kernel, stride,
+                                                                                      dilation))
 Copy.direct = _direct(lambda x, device="": g.copy_to(x, device))
 Contiguous.direct = _direct(g.contiguous)

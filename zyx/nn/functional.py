@@ -1,5 +1,6 @@
 """Stateless neural-network functions with PyTorch's names and semantics: losses, normalization, dropout,
-one-hot, activations, linear, embedding and scaled dot-product attention."""
+one-hot, activations, linear, embedding, scaled dot-product attention, and (from ``zyx.nn.conv``) convolution and
+pooling."""
 
 from __future__ import annotations
 
@@ -8,6 +9,16 @@ import math
 import numpy as np
 
 from zyx import dtypes
+from zyx.nn.conv import (  # noqa: F401 - re-exported: PyTorch keeps them in functional
+    adaptive_avg_pool2d,
+    avg_pool1d,
+    avg_pool2d,
+    conv1d,
+    conv2d,
+    conv3d,
+    max_pool1d,
+    max_pool2d,
+)
 from zyx.tensor import Tensor, broadcast_shapes, rand
 
 

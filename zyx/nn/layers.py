@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from zyx.autograd import no_grad
 from zyx.nn import functional as F
 from zyx.nn.module import Module, Parameter
 from zyx.tensor import Tensor, rand, randn
@@ -80,6 +81,132 @@ class GELU(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return x.gelu(self.approximate)
+
+
+class _ConvNd(Module):
+    """PyTorch's ``Conv{n}d``: weight (out_channels, in_channels / groups, *kernel_size) and bias (out_channels,),
+    both uniform in +-1/sqrt(fan_in) (PyTorch's default, kaiming_uniform with a = sqrt(5))."""
+
+    nd = 0
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 groups: int = 1, bias: bool = True, device: str | None = None) -> None:
+        if groups < 1 or in_channels % groups or out_channels % groups:
+            raise ValueError(f"{type(self).__name__}: in_channels {in_channels} and out_channels {out_channels} "
+                             f"must be divisible by groups {groups}")
+        kernel = (kernel_size,) * self.nd if isinstance(kernel_size, int) else tuple(kernel_size)
+        self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, kernel
+        self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
+        fan_in = in_channels // groups * math.prod(kernel)
+        bound = 1 / math.sqrt(fan_in) if fan_in else 0.0
+        self.weight = Parameter(_uniform((out_channels, in_channels // groups, *kernel), bound, device))
+        self.bias = Parameter(_uniform((out_channels,), bound, device)) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        conv = (F.conv1d, F.conv2d, F.conv3d)[self.nd - 1]
+        return conv(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+class Conv1d(_ConvNd):
+    nd = 1
+
+
+class Conv2d(_ConvNd):
+    nd = 2
+
+
+class Conv3d(_ConvNd):
+    nd = 3
+
+
+class MaxPool2d(Module):
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False) -> None:
+        self.kernel_size, self.stride, self.padding, self.dilation = kernel_size, stride, padding, dilation
+        self.ceil_mode = ceil_mode
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+
+
+class AvgPool2d(Module):
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False, count_include_pad: bool = True,
+                 divisor_override: int | None = None) -> None:
+        self.kernel_size, self.stride, self.padding, self.ceil_mode = kernel_size, stride, padding, ceil_mode
+        self.count_include_pad, self.divisor_override = count_include_pad, divisor_override
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad,
+                            self.divisor_override)
+
+
+class AdaptiveAvgPool2d(Module):
+    def __init__(self, output_size) -> None:
+        self.output_size = output_size
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.adaptive_avg_pool2d(x, self.output_size)
+
+
+class Flatten(Module):
+    def __init__(self, start_dim: int = 1, end_dim: int = -1) -> None:
+        self.start_dim, self.end_dim = start_dim, end_dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.flatten(self.start_dim, self.end_dim)
+
+
+class _BatchNorm(Module):
+    """PyTorch's batch normalization over every axis but the channels (axis 1). Training normalizes by the batch's
+    mean and biased variance and moves ``running_mean`` / ``running_var`` (the unbiased variance) by
+    ``momentum``; evaluation uses the running statistics. ``num_batches_tracked`` counts the updates."""
+
+    dims: tuple[int, ...] = ()  # the accepted input ranks
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True,
+                 track_running_stats: bool = True, device: str | None = None) -> None:
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.weight = Parameter(Tensor.ones((num_features,), device=device)) if affine else None
+        self.bias = Parameter(Tensor.zeros((num_features,), device=device)) if affine else None
+        if track_running_stats:
+            self.running_mean = Tensor.zeros((num_features,), device=device).realize()
+            self.running_var = Tensor.ones((num_features,), device=device).realize()
+            self.num_batches_tracked = Tensor.zeros((), dtype="int64", device=device).realize()
+        else:
+            self.running_mean = self.running_var = self.num_batches_tracked = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.ndim not in self.dims or x.shape[1] != self.num_features:
+            raise ValueError(f"{type(self).__name__}({self.num_features}): expected an input of rank "
+                             f"{' or '.join(map(str, self.dims))} with {self.num_features} channels on axis 1, got "
+                             f"shape {x.shape}")
+        axes = (0, *range(2, x.ndim))
+        shape = (1, self.num_features) + (1,) * (x.ndim - 2)
+        if self.training or self.running_mean is None:
+            count = x.numel() // self.num_features
+            if self.training and count < 2:
+                raise ValueError(f"{type(self).__name__}: training needs more than one value per channel, got input "
+                                 f"shape {x.shape}")
+            mean, var = x.mean(axes), x.var(axes)
+            if self.training and self.running_mean is not None:
+                with no_grad():
+                    m = self.momentum
+                    self.running_mean.assign(self.running_mean * (1 - m) + mean.detach() * m)
+                    self.running_var.assign(self.running_var * (1 - m) + var.detach() * (m * count / (count - 1)))
+                    self.num_batches_tracked.assign(self.num_batches_tracked + 1)
+        else:
+            mean, var = self.running_mean, self.running_var
+        y = (x - mean.reshape(shape)) * (var.reshape(shape) + self.eps).rsqrt()
+        if self.weight is not None:
+            y = y * self.weight.reshape(shape) + self.bias.reshape(shape)
+        return y
+
+
+class BatchNorm1d(_BatchNorm):
+    dims = (2, 3)
+
+
+class BatchNorm2d(_BatchNorm):
+    dims = (4,)
 
 
 class Sequential(Module):

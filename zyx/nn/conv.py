@@ -1,0 +1,187 @@
+"""Convolution and pooling with PyTorch's names, layouts (N, C, *spatial) and semantics, built from tensor ops.
+
+Sliding windows (``windows``) are a gather by an affine index, one load per element, so a pooling fuses into one
+kernel; their gradient adds strided placements (pads). A convolution lays the windows out as rows
+(im2col) and multiplies them by the flattened weight, which the matmul matcher hands to BLAS or cuDNN.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from zyx import autograd as AG
+from zyx import dtypes
+from zyx.tensor import Tensor
+
+
+def _tuple(v, n: int, name: str) -> tuple[int, ...]:
+    t = (v,) * n if isinstance(v, int) else tuple(v)
+    if len(t) != n or not all(isinstance(i, int) and not isinstance(i, bool) for i in t):
+        raise ValueError(f"{name} must be an int or {n} ints, got {v!r}")
+    return t
+
+
+def windows(x: Tensor, kernel: Sequence[int], stride: Sequence[int], dilation: Sequence[int]) -> Tensor:
+    """The windows of ``x`` over its last ``len(kernel)`` axes: shape ``(..., o_1, ..., o_n, k_1, ..., k_n)`` with
+    ``o = (size - dilation * (k - 1) - 1) // stride + 1``; element ``[..., i, ..., j, ...]`` is
+    ``x[..., i * stride + j * dilation, ...]`` (``autograd.Windows``: one load per element; the gradient adds
+    ``k`` strided placements per axis)."""
+    nd = len(kernel)
+    lead = x.ndim - nd
+    for i, (k, s, d) in enumerate(zip(kernel, stride, dilation)):
+        ax, n = lead + 2 * i, x.shape[lead + 2 * i]  # earlier axes are (o, k) pairs by now
+        if (n - d * (k - 1) - 1) // s + 1 < 1:
+            raise ValueError(f"a window of {k} (dilation {d}) does not fit spatial size {n} (input shape {x.shape})")
+        x = AG.Windows.apply(x, axis=ax, kernel=k, stride=s, dilation=d)
+    # (lead, o_1, k_1, ..., o_n, k_n) -> (lead, o_1..o_n, k_1..k_n)
+    return x.permute(*range(lead), *range(lead, lead + 2 * nd, 2), *range(lead + 1, lead + 2 * nd, 2))
+
+
+def _spatial_input(x: Tensor, nd: int, name: str) -> tuple[Tensor, bool]:
+    """``x`` with a batch axis (PyTorch takes unbatched (C, *spatial) too) and whether one was added."""
+    if x.ndim == nd + 1:
+        return x.unsqueeze(0), True
+    if x.ndim != nd + 2:
+        raise ValueError(f"{name}: expected an input of shape (N, C, *spatial) or (C, *spatial) with {nd} spatial "
+                         f"dimensions, got shape {x.shape}")
+    return x, False
+
+
+def _padded(x: Tensor, padding: Sequence[int], value) -> Tensor:
+    nd = len(padding)
+    if not any(padding):
+        return x
+    return x.pad(tuple([(0, 0)] * (x.ndim - nd) + [(p, p) for p in padding]), value=value)
+
+
+def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padding, dilation, groups: int, nd: int,
+          name: str) -> Tensor:
+    x, unbatched = _spatial_input(x, nd, name)
+    if weight.ndim != nd + 2:
+        raise ValueError(f"{name}: weight must be (out_channels, in_channels / groups, *kernel) with {nd + 2} "
+                         f"dimensions, got shape {weight.shape}")
+    n, c = x.shape[:2]
+    o, cg, kernel = weight.shape[0], weight.shape[1], weight.shape[2:]
+    if groups < 1 or c % groups or o % groups or c // groups != cg:
+        raise ValueError(f"{name}: input of shape {x.shape} ({c} channels) and weight of shape {weight.shape} do "
+                         f"not match with groups={groups}: need in_channels = groups * weight.shape[1] and "
+                         f"out_channels divisible by groups")
+    stride, dilation = _tuple(stride, nd, "stride"), _tuple(dilation, nd, "dilation")
+    if isinstance(padding, str):
+        if padding == "valid":
+            padding = (0,) * nd
+        elif padding == "same":
+            if any(s != 1 for s in stride):
+                raise ValueError(f"{name}: padding='same' needs stride 1, got stride {stride}")
+            total = [d * (k - 1) for d, k in zip(dilation, kernel)]
+            x = x.pad(tuple([(0, 0)] * 2 + [(t // 2, t - t // 2) for t in total]))
+            padding = (0,) * nd
+        else:
+            raise ValueError(f"{name}: padding must be an int, {nd} ints, 'valid' or 'same', got {padding!r}")
+    padding = _tuple(padding, nd, "padding")
+    w = windows(_padded(x, padding, 0), kernel, stride, dilation)  # (n, c, *out, *kernel)
+    out_shape = w.shape[2:2 + nd]
+    g, k, positions = groups, math.prod(kernel), math.prod(out_shape)
+    # rows (g, n * positions, cg * k) times the weight (g, cg * k, o / g): the batch and the positions are one
+    # axis, so the weight's gradient is one matmul too (a batch axis of its own left it a generated reduce)
+    order = (1, 0, *range(3, 3 + nd), 2, *range(3 + nd, 3 + 2 * nd))
+    rows = w.reshape((n, g, cg) + w.shape[2:]).permute(order).reshape(g, n * positions, cg * k)
+    y = rows @ weight.reshape(g, o // g, cg * k).transpose(-1, -2)  # (g, n * positions, o / g)
+    y = y.reshape((g, n, positions, o // g)).permute(1, 0, 3, 2).reshape((n, o) + out_shape)
+    if bias is not None:
+        if bias.shape != (o,):
+            raise ValueError(f"{name}: bias must have shape ({o},), got {bias.shape}")
+        y = y + bias.reshape((o,) + (1,) * nd)
+    return y[0] if unbatched else y
+
+
+def conv1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0, dilation=1,
+           groups: int = 1) -> Tensor:
+    """PyTorch's ``conv1d`` (cross-correlation): input (N, C, L), weight (O, C / groups, k)."""
+    return _conv(input, weight, bias, stride, padding, dilation, groups, 1, "conv1d")
+
+
+def conv2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0, dilation=1,
+           groups: int = 1) -> Tensor:
+    """PyTorch's ``conv2d`` (cross-correlation): input (N, C, H, W), weight (O, C / groups, kh, kw)."""
+    return _conv(input, weight, bias, stride, padding, dilation, groups, 2, "conv2d")
+
+
+def conv3d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0, dilation=1,
+           groups: int = 1) -> Tensor:
+    """PyTorch's ``conv3d`` (cross-correlation): input (N, C, D, H, W), weight (O, C / groups, kd, kh, kw)."""
+    return _conv(input, weight, bias, stride, padding, dilation, groups, 3, "conv3d")
+
+
+def _pool_args(x: Tensor, kernel_size, stride, padding, dilation, ceil_mode: bool, nd: int, name: str):
+    if ceil_mode:
+        raise NotImplementedError(f"{name}: ceil_mode=True is not supported; pad the input instead")
+    kernel = _tuple(kernel_size, nd, "kernel_size")
+    stride = kernel if stride is None or stride == [] else _tuple(stride, nd, "stride")
+    padding, dilation = _tuple(padding, nd, "padding"), _tuple(dilation, nd, "dilation")
+    if any(2 * p > k for p, k in zip(padding, kernel)):
+        raise ValueError(f"{name}: padding {padding} must be at most half the kernel size {kernel}")
+    return kernel, stride, padding, dilation
+
+
+def _max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, nd: int, name: str) -> Tensor:
+    x, unbatched = _spatial_input(x, nd, name)
+    kernel, stride, padding, dilation = _pool_args(x, kernel_size, stride, padding, dilation, ceil_mode, nd, name)
+    low = -math.inf if x.dtype.is_float else dtypes.int_range(x.dtype)[0] if x.dtype.kind != "b" else False
+    w = windows(_padded(x, padding, low), kernel, stride, dilation)
+    y = w.max(tuple(range(-nd, 0)))
+    return y[0] if unbatched else y
+
+
+def max_pool1d(input: Tensor, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False) -> Tensor:
+    return _max_pool(input, kernel_size, stride, padding, dilation, ceil_mode, 1, "max_pool1d")
+
+
+def max_pool2d(input: Tensor, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False) -> Tensor:
+    """PyTorch's ``max_pool2d`` (padding counts as -inf; NaN propagates)."""
+    return _max_pool(input, kernel_size, stride, padding, dilation, ceil_mode, 2, "max_pool2d")
+
+
+def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad: bool, divisor_override, nd: int,
+              name: str) -> Tensor:
+    x, unbatched = _spatial_input(x, nd, name)
+    kernel, stride, padding, dilation = _pool_args(x, kernel_size, stride, padding, 1, ceil_mode, nd, name)
+    if not x.dtype.is_float:
+        raise TypeError(f"{name}: needs a float input, got {x.dtype.name}")
+    axes = tuple(range(-nd, 0))
+    total = windows(_padded(x, padding, 0), kernel, stride, dilation).sum(axes)
+    if divisor_override is not None:
+        y = total / divisor_override
+    elif count_include_pad or not any(padding):
+        y = total / math.prod(kernel)
+    else:  # the number of input (not padding) elements under each window
+        ones = Tensor.ones(x.shape[-nd:], dtype=x.dtype, device=x.device)
+        y = total / windows(_padded(ones, padding, 0), kernel, stride, dilation).sum(axes)
+    return y[0] if unbatched else y
+
+
+def avg_pool1d(input: Tensor, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
+               count_include_pad: bool = True) -> Tensor:
+    return _avg_pool(input, kernel_size, stride, padding, ceil_mode, count_include_pad, None, 1, "avg_pool1d")
+
+
+def avg_pool2d(input: Tensor, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
+               count_include_pad: bool = True, divisor_override: int | None = None) -> Tensor:
+    """PyTorch's ``avg_pool2d``."""
+    return _avg_pool(input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 2,
+                     "avg_pool2d")
+
+
+def adaptive_avg_pool2d(input: Tensor, output_size) -> Tensor:
+    """PyTorch's ``adaptive_avg_pool2d`` where each output size divides its input size (1 included: a global
+    average); other sizes raise."""
+    x, unbatched = _spatial_input(input, 2, "adaptive_avg_pool2d")
+    out = _tuple(output_size, 2, "output_size") if not isinstance(output_size, (list, tuple)) or \
+        None not in output_size else tuple(s if o is None else o for o, s in zip(output_size, x.shape[-2:]))
+    if any(o < 1 or s % o for o, s in zip(out, x.shape[-2:])):
+        raise NotImplementedError(f"adaptive_avg_pool2d: output size {out} must divide the input's spatial size "
+                                  f"{x.shape[-2:]} (uneven windows are not supported)")
+    k = tuple(s // o for o, s in zip(out, x.shape[-2:]))
+    y = x.reshape(x.shape[:2] + (out[0], k[0], out[1], k[1])).mean((3, 5))
+    return y[0] if unbatched else y
