@@ -1147,6 +1147,17 @@ class Builder:
         stop = self.draw(st.one_of(st.none(), st.integers(-n - 1, n + 1)))
         return slice(start, stop, step)
 
+    def _basic_index(self, n: int, subscript: bool) -> tuple[Any, str]:
+        """An int (a quarter of the time, on a non-empty axis) or a slice of an axis of size ``n``, and its source:
+        subscript syntax, or a ``slice(...)`` call (inside a tuple display)."""
+        if n and self.draw(st.integers(0, 3)) == 0:
+            i = self.draw(st.integers(-n, n - 1))
+            return i, str(i)
+        sl = self._slice(n)
+        if subscript:
+            return sl, ":".join("" if p is None else str(p) for p in (sl.start, sl.stop, sl.step))
+        return sl, f"slice({sl.start}, {sl.stop}, {sl.step})"
+
     def g_getitem(self) -> bool:
         a = self.pick(lambda v: v.arr.ndim >= 1)
         if a is None:
@@ -1166,14 +1177,10 @@ class Builder:
             if ax == gaxis:
                 index.append(TensorIndex())
                 src.append("{1}")
-            elif n and self.draw(st.integers(0, 3)) == 0:
-                i = self.draw(st.integers(-n, n - 1))
-                index.append(i)
-                src.append(str(i))
             else:
-                sl = self._slice(n)
-                index.append(sl)
-                src.append(":".join("" if p is None else str(p) for p in (sl.start, sl.stop, sl.step)))
+                ix, text = self._basic_index(n, subscript=True)
+                index.append(ix)
+                src.append(text)
         if gaxis is None and nd >= 2 and self.draw(st.integers(0, 3)) == 0:  # trailing axes via Ellipsis
             cut = self.draw(st.integers(1, nd))
             index, src = index[:cut] + [Ellipsis], src[:cut] + ["..."]
@@ -1251,14 +1258,10 @@ class Builder:
                 arr = np.array(self.draw(st.lists(st.integers(-n, n - 1), min_size=0, max_size=4)), np.int64)
                 index.append(arr)
                 src.append(f"np.array({arr.tolist()!r}, np.int64)")
-            elif n and self.draw(st.integers(0, 3)) == 0:
-                i = self.draw(st.integers(-n, n - 1))
-                index.append(i)
-                src.append(str(i))
             else:
-                sl = self._slice(n)
-                index.append(sl)
-                src.append(f"slice({sl.start}, {sl.stop}, {sl.step})")
+                ix, text = self._basic_index(n, subscript=False)
+                index.append(ix)
+                src.append(text)
         tindex = tuple(index)
         target = x[tindex].shape
         drop = self.draw(st.integers(0, len(target)))
