@@ -103,9 +103,11 @@ class SmoothBuilder(Builder):
     # ---- zyx.nn.functional --------------------------------------------------------------------------------------
     def g_nn(self) -> bool:
         op = self.draw(st.sampled_from(("attention", "attention", "layer_norm", "gelu", "silu", "softplus",
-                                        "leaky_relu")))
+                                        "leaky_relu", "conv", "conv", "pool")))
         if op == "attention":
             return self._attention()
+        if op in ("conv", "pool"):
+            return self._conv_or_pool(op)
         a = self.pick(lambda v: _is_float(v.arr) and v.arr.ndim >= (1 if op == "layer_norm" else 0))
         if a is None:
             return False
@@ -131,6 +133,39 @@ class SmoothBuilder(Builder):
             refs["gelu"], template = (lambda y: _gelu_ref(y.astype(np.float64), "tanh")), '{0}.gelu("tanh")'
         ref = refs[op]
         self.emit(template, (a,), lambda y: np.asarray(ref(y)).astype(y.dtype), exact=False, ops=(op,))
+        return True
+
+    def _conv_or_pool(self, op: str) -> bool:
+        """conv1d/conv2d (stride, padding, dilation, groups, bias) or avg_pool1d/2d of a float value of rank 3 or 4
+        (N, C, *spatial), against ``conv_ref``."""
+        a = self.pick(lambda v: _is_float(v.arr) and v.arr.ndim in (3, 4) and 0 not in v.arr.shape)
+        if a is None:
+            return False
+        x = self.vals[a].arr
+        nd, c, spatial = x.ndim - 2, x.shape[1], x.shape[2:]
+        kernel = tuple(self.draw(st.integers(1, min(3, s))) for s in spatial)
+        dilation = tuple(self.draw(st.sampled_from([1, 2])) if (k - 1) * 2 < s else 1 for k, s in zip(kernel, spatial))
+        padding = tuple(self.draw(st.integers(0, k // 2)) for k in kernel)
+        stride = tuple(self.draw(st.integers(1, 2)) for _ in kernel)
+        if op == "pool":
+            args = f"{kernel!r}, {stride!r}, {padding!r}"
+            self.emit(f"{_NN}.avg_pool{nd}d({{0}}, {args})", (a,),
+                      lambda y: conv_ref(y, None, None, stride, padding, (1,) * nd, c, kernel), exact=False,
+                      ops=("avg_pool",))
+            return True
+        groups = self.draw(st.sampled_from([g for g in (1, 2, c) if c % g == 0]))
+        out = groups * self.draw(st.integers(1, 2))
+        w = self.new_input((out, c // groups, *kernel), self.FLOAT, "data")
+        args = f"stride={stride!r}, padding={padding!r}, dilation={dilation!r}, groups={groups}"
+        if self.draw(st.booleans()):
+            b = self.new_input((out,), self.FLOAT, "data")
+            self.emit(f"{_NN}.conv{nd}d({{0}}, {{1}}, {{2}}, {args})", (a, w, b),
+                      lambda y, ww, bb: conv_ref(y, ww, bb, stride, padding, dilation, groups), exact=False,
+                      ops=("conv",))
+        else:
+            self.emit(f"{_NN}.conv{nd}d({{0}}, {{1}}, {args})", (a, w),
+                      lambda y, ww: conv_ref(y, ww, None, stride, padding, dilation, groups), exact=False,
+                      ops=("conv",))
         return True
 
     def _attention(self) -> bool:
@@ -221,6 +256,32 @@ def attention_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray 
     with np.errstate(all="ignore"):
         out = softmax_ref("softmax", s, -1) @ v  # a row of -inf only gives NaN: zeroed below
     return np.where(alive, out, 0.0).astype(d)
+
+
+def conv_ref(x: np.ndarray, w: np.ndarray | None, b: np.ndarray | None, stride, padding, dilation, groups: int,
+             kernel: tuple[int, ...] | None = None) -> np.ndarray:
+    """PyTorch's convolution (cross-correlation) of (N, C, *spatial) ``x`` by (O, C / groups, *kernel) ``w`` plus
+    ``b``, in float64; with ``w`` None, the average pooling over ``kernel`` (zero padding counted)."""
+    nd = x.ndim - 2
+    xp = np.pad(x.astype(np.float64), [(0, 0), (0, 0)] + [(p, p) for p in padding])
+    kernel = w.shape[2:] if w is not None else kernel
+    out = [(xp.shape[2 + i] - dilation[i] * (kernel[i] - 1) - 1) // stride[i] + 1 for i in range(nd)]
+    n, c = x.shape[:2]
+    o = w.shape[0] if w is not None else c
+    result = np.zeros((n, o, *out))
+    for off in np.ndindex(*kernel):
+        window = xp[(slice(None), slice(None), *(slice(j * d, j * d + (m - 1) * s + 1, s)
+                                                for j, d, m, s in zip(off, dilation, out, stride)))]
+        if w is None:
+            result += window / math.prod(kernel)
+            continue
+        cg, og = c // groups, o // groups
+        for gi in range(groups):
+            taps = w[(slice(gi * og, (gi + 1) * og), slice(None), *off)].astype(np.float64)  # (og, cg)
+            result[:, gi * og:(gi + 1) * og] += np.einsum("nc...,oc->no...", window[:, gi * cg:(gi + 1) * cg], taps)
+    if b is not None:
+        result += b.astype(np.float64).reshape((o,) + (1,) * nd)
+    return result.astype(x.dtype)
 
 
 def layer_norm_ref(x: np.ndarray, k: int, w: np.ndarray | None = None, b: np.ndarray | None = None) -> np.ndarray:
