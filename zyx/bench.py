@@ -526,6 +526,57 @@ def _torch_step(torch, model, opt, x: np.ndarray, y: np.ndarray) -> Callable[[],
     return step
 
 
+def _conv_operands():
+    rng = np.random.default_rng(6)
+    return (rng.standard_normal((32, 32, 32, 32)).astype(np.float32),
+            (rng.standard_normal((64, 32, 3, 3)) * 0.1).astype(np.float32),
+            rng.standard_normal((32, 64, 32, 32)).astype(np.float32))
+
+
+@case
+def conv2d(args) -> Row:
+    """A 3x3 convolution, 32 -> 64 channels, batch 32 of 32x32, padding 1: im2col rows and one GEMM."""
+    from zyx.nn import functional as F
+
+    x, w, _ = _conv_operands()
+    X, W = zyx.Tensor(x).realize(), zyx.Tensor(w).realize()
+    row = Row("conv2d 32x32x32x32 * 64x32x3x3 pad 1 f32", median_ms(lambda: F.conv2d(X, W, padding=1).realize(),
+                                                                    args.repeats))
+    torch = _torch()
+    if torch is not None:
+        tx, tw = torch.from_numpy(x), torch.from_numpy(w)
+        row.refs["torch"] = median_ms(lambda: torch.nn.functional.conv2d(tx, tw, padding=1), args.repeats)
+    return row
+
+
+@case
+def conv2d_backward(args) -> Row:
+    """The same convolution's forward and both gradients (loss = sum(conv * g) with a fixed random g)."""
+    from zyx.nn import functional as F
+
+    x, w, g = _conv_operands()
+    X, W = zyx.Tensor(x, requires_grad=True).realize(), zyx.Tensor(w, requires_grad=True).realize()
+    G = zyx.Tensor(g).realize()
+
+    def step_zyx():
+        X.grad = W.grad = None
+        (F.conv2d(X, W, padding=1) * G).sum().backward()
+        zyx.realize(X.grad, W.grad)
+
+    row = Row("conv2d forward + input and weight gradients", median_ms(step_zyx, args.repeats))
+    torch = _torch()
+    if torch is not None:
+        tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+        tg = torch.from_numpy(g)
+
+        def step_torch():
+            tx.grad = tw.grad = None
+            (torch.nn.functional.conv2d(tx, tw, padding=1) * tg).sum().backward()
+
+        row.refs["torch"] = median_ms(step_torch, args.repeats)
+    return row
+
+
 @case
 def train_step(args) -> Row:
     """One Adam training step of the train_mlp example's model and batch (forward, backward, update)."""
