@@ -1,8 +1,9 @@
 """Convolution and pooling with PyTorch's names, layouts (N, C, *spatial) and semantics, built from tensor ops.
 
 Sliding windows (``windows``) are a gather by an affine index, one load per element, so a pooling fuses into one
-kernel; their gradient adds strided placements (pads). A convolution lays the windows out as rows
-(im2col) and multiplies them by the flattened weight, which the matmul matcher hands to BLAS or cuDNN.
+kernel; their gradient adds strided placements (pads). A convolution lays the windows out as columns
+(im2col, one per sample) and multiplies the flattened weight by them: GEMMs the matmul matcher hands to BLAS or
+cuDNN.
 """
 
 from __future__ import annotations
@@ -83,12 +84,12 @@ def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padding, dilat
     w = windows(_padded(x, padding, 0), kernel, stride, dilation)  # (n, c, *out, *kernel)
     out_shape = w.shape[2:2 + nd]
     g, k, positions = groups, math.prod(kernel), math.prod(out_shape)
-    # rows (g, n * positions, cg * k) times the weight (g, cg * k, o / g): the batch and the positions are one
-    # axis, so the weight's gradient is one matmul too (a batch axis of its own left it a generated reduce)
-    order = (1, 0, *range(3, 3 + nd), 2, *range(3 + nd, 3 + 2 * nd))
-    rows = w.reshape((n, g, cg) + w.shape[2:]).permute(order).reshape(g, n * positions, cg * k)
-    y = rows @ weight.reshape(g, o // g, cg * k).transpose(-1, -2)  # (g, n * positions, o / g)
-    y = y.reshape((g, n, positions, o // g)).permute(1, 0, 3, 2).reshape((n, o) + out_shape)
+    # per sample and group: the weight (o / g, cg * k) times columns (cg * k, positions), so the product is already
+    # the output's layout (n, o, *out). The columns are copied in the windows' own axes (loops without division)
+    # and merged as a view; the weight's gradient is a batched GEMM summed over the batch
+    order = (0, 1, 2, *range(3 + nd, 3 + 2 * nd), *range(3, 3 + nd))
+    cols = w.reshape((n, g, cg) + w.shape[2:]).permute(order).contiguous().reshape(n, g, cg * k, positions)
+    y = (weight.reshape(1, g, o // g, cg * k) @ cols).reshape((n, o) + out_shape)
     if bias is not None:
         if bias.shape != (o,):
             raise ValueError(f"{name}: bias must have shape ({o},), got {bias.shape}")
