@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from zyx.graph.lower import reshape_index
 from zyx.kernel import ir
 from zyx.ops import Ops
 
@@ -98,3 +100,37 @@ def test_gate_false_removes_load():
     r = ir.range_(0, 4)
     assert ir.load(0, ir.index_dtype, r, ir.const(False, ir.dtypes.bool_)).op is Ops.CONST
     assert len(ir.load(0, ir.index_dtype, r, ir.const(True, ir.dtypes.bool_)).srcs) == 1
+
+
+def _ops_in(e: ir.Expr) -> set:
+    return {e.op} | set().union(*(_ops_in(s) for s in e.srcs))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=5), st.data())
+def test_reshape_index_reads_the_element_numpy_reads(factors, data):
+    """Any regrouping of the same elements (ones inserted anywhere): the source index of every output position is
+    the one NumPy's row-major reshape reads."""
+    def group(fs):
+        cuts = sorted(data.draw(st.sets(st.integers(1, max(len(fs) - 1, 1)), max_size=len(fs) - 1)))
+        parts = [fs[a:b] for a, b in zip([0, *cuts], [*cuts, len(fs)])]
+        shape = [int(np.prod(p)) for p in parts]
+        for _ in range(data.draw(st.integers(0, 2))):
+            shape.insert(data.draw(st.integers(0, len(shape))), 1)
+        return tuple(shape)
+
+    out_shape, in_shape = group(factors), group(factors)
+    rs = [ir.range_(i, s) for i, s in enumerate(out_shape)]
+    src = reshape_index(tuple(rs), out_shape, in_shape)
+    for combo in itertools.product(*map(range, out_shape)):
+        env = dict(zip(rs, combo))
+        want = np.unravel_index(np.ravel_multi_index(combo, out_shape), in_shape)
+        assert tuple(evaluate(e, env) for e in src) == tuple(int(w) for w in want)
+
+
+def test_reshape_that_merges_axes_divides_nothing():
+    """(32, 32, 4, 4, 16, 16) read from (32, 1, 512, 256): each source axis is a sum of scaled output indices (the
+    flatten-and-unflatten of the whole index had divided by 256, 512 and 131072)."""
+    out_shape = (32, 32, 4, 4, 16, 16)
+    src = reshape_index(tuple(ir.range_(i, s) for i, s in enumerate(out_shape)), out_shape, (32, 1, 512, 256))
+    assert not set().union(*map(_ops_in, src)) & {Ops.DIV, Ops.MOD}

@@ -32,28 +32,38 @@ def ravel(idx: Sequence[Expr], shape: Sequence[int]) -> Expr:
 
 
 def reshape_index(idx: tuple[Expr, ...], out_shape: tuple[int, ...], in_shape: tuple[int, ...]) -> tuple[Expr, ...]:
+    """The source index of a reshape, group by group: runs of axes whose sizes multiply to the same product on both
+    sides map to each other alone, so a merge or a split of some axes costs index arithmetic on those axes only
+    (a merge is a sum of scaled indices, no division), not a division by every extent of the flattened whole."""
     zero = ir.const(0, ir.index_dtype)
     if 0 in in_shape:  # an empty source: no element is ever read (a pad around it gates every access)
         return tuple(zero for _ in in_shape)
-    if tuple(s for s in out_shape if s != 1) == tuple(s for s in in_shape if s != 1):
-        it = iter(i for i, s in zip(idx, out_shape) if s != 1)
-        return tuple(next(it) if s != 1 else zero for s in in_shape)
-    flat = ravel(idx, out_shape)
-    out = []
-    acc = 1
-    for d in range(len(in_shape) - 1, -1, -1):
-        s = in_shape[d]
-        if s == 1:
-            out.append(zero)
-            continue
-        q = flat if acc == 1 else _div(flat, acc)
-        out.append(q if d == 0 or _first_nonunit(in_shape) == d else _mod(q, s))
-        acc *= s
-    return tuple(reversed(out))
-
-
-def _first_nonunit(shape) -> int:
-    return next((i for i, s in enumerate(shape) if s != 1), 0)
+    outs = [(i, s) for i, s in zip(idx, out_shape) if s != 1]
+    ins = [d for d, s in enumerate(in_shape) if s != 1]
+    result = [zero] * len(in_shape)
+    o = 0
+    n = 0
+    while n < len(ins):
+        group_in, group_out = [ins[n]], [outs[o]]
+        p_in, p_out = in_shape[ins[n]], outs[o][1]
+        n, o = n + 1, o + 1
+        while p_in != p_out:
+            if p_in < p_out:
+                group_in.append(ins[n])
+                p_in *= in_shape[ins[n]]
+                n += 1
+            else:
+                group_out.append(outs[o])
+                p_out *= outs[o][1]
+                o += 1
+        flat = ravel([i for i, _ in group_out], [s for _, s in group_out])
+        acc = 1
+        for k in range(len(group_in) - 1, -1, -1):
+            d = group_in[k]
+            q = flat if acc == 1 else _div(flat, acc)
+            result[d] = q if k == 0 else _mod(q, in_shape[d])
+            acc *= in_shape[d]
+    return tuple(result)
 
 
 def _div(a: Expr, c: int) -> Expr:
