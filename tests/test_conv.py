@@ -72,6 +72,48 @@ CONV_CASES = {
                                    lambda x: TF.adaptive_avg_pool2d(x, (3, 4)), (X4,)),
     "adaptive_avg_pool2d 1": (lambda x: F.adaptive_avg_pool2d(x, 1), lambda x: TF.adaptive_avg_pool2d(x, 1),
                               (X4,)),
+    # ceil_mode: a last, partial window (9 and 8 by 3, stride 2, padding 1: 5 and 5 windows, not 4 and 4)
+    "max_pool2d ceil_mode": (lambda x: F.max_pool2d(x, 3, 2, 1, ceil_mode=True),
+                             lambda x: TF.max_pool2d(x, 3, 2, 1, ceil_mode=True), (X4,)),
+    "max_pool2d ceil_mode, no padding": (lambda x: F.max_pool2d(x, 2, ceil_mode=True),
+                                         lambda x: TF.max_pool2d(x, 2, ceil_mode=True), (X4[:, :, :7, :5],)),
+    "avg_pool2d ceil_mode": (lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True),
+                             lambda x: TF.avg_pool2d(x, 3, 2, 1, ceil_mode=True), (X4,)),
+    "avg_pool2d ceil_mode without padding counts": (
+        lambda x: F.avg_pool2d(x, (3, 2), (2, 3), (1, 0), ceil_mode=True, count_include_pad=False),
+        lambda x: TF.avg_pool2d(x, (3, 2), (2, 3), (1, 0), ceil_mode=True, count_include_pad=False), (X4,)),
+    "avg_pool1d ceil_mode": (lambda x: F.avg_pool1d(x, 4, 3, 2, ceil_mode=True),
+                             lambda x: TF.avg_pool1d(x, 4, 3, 2, ceil_mode=True), (_rng.standard_normal((2, 3, 10)),)),
+    # ties: PyTorch routes a window's gradient to its first maximal element (its argmax), not shared among ties
+    "max_pool2d of ties": (lambda x: F.max_pool2d(x, 3, 1, 1), lambda x: TF.max_pool2d(x, 3, 1, 1),
+                           (np.round(X4),)),
+    "max_pool1d of ties, ceil_mode": (lambda x: F.max_pool1d(x, 2, 2, ceil_mode=True),
+                                      lambda x: TF.max_pool1d(x, 2, 2, ceil_mode=True),
+                                      (np.array([[[1.0, 1.0, 0.0, 2.0, 2.0, -1.0, 3.0]]]),)),
+    "conv_transpose2d, bias": (lambda x, w, b: F.conv_transpose2d(x, w, b),
+                               lambda x, w, b: TF.conv_transpose2d(x, w, b),
+                               (X4, _rng.standard_normal((4, 3, 3, 3)), _rng.standard_normal(3))),
+    "conv_transpose2d stride 2, padding 1, output_padding 1": (
+        lambda x, w: F.conv_transpose2d(x, w, stride=2, padding=1, output_padding=1),
+        lambda x, w: TF.conv_transpose2d(x, w, stride=2, padding=1, output_padding=1),
+        (X4, _rng.standard_normal((4, 2, 4, 4)))),
+    "conv_transpose2d groups 2, dilation (1, 2), per-axis stride": (
+        lambda x, w: F.conv_transpose2d(x, w, stride=(3, 2), padding=(0, 2), groups=2, dilation=(1, 2)),
+        lambda x, w: TF.conv_transpose2d(x, w, stride=(3, 2), padding=(0, 2), groups=2, dilation=(1, 2)),
+        (X4, _rng.standard_normal((4, 3, 2, 3)))),
+    "conv_transpose2d output_padding beyond padding": (
+        lambda x, w: F.conv_transpose2d(x, w, stride=3, output_padding=2),
+        lambda x, w: TF.conv_transpose2d(x, w, stride=3, output_padding=2),
+        (X4[:1], _rng.standard_normal((4, 1, 2, 2)))),
+    "conv_transpose2d unbatched": (lambda x, w: F.conv_transpose2d(x, w, stride=2),
+                                   lambda x, w: TF.conv_transpose2d(x, w, stride=2),
+                                   (X4[0], _rng.standard_normal((4, 2, 3, 3)))),
+    "conv_transpose1d": (lambda x, w: F.conv_transpose1d(x, w, stride=3, padding=1),
+                         lambda x, w: TF.conv_transpose1d(x, w, stride=3, padding=1),
+                         (_rng.standard_normal((2, 3, 7)), _rng.standard_normal((3, 5, 4)))),
+    "conv_transpose3d": (lambda x, w: F.conv_transpose3d(x, w, stride=2, padding=(1, 0, 0)),
+                         lambda x, w: TF.conv_transpose3d(x, w, stride=2, padding=(1, 0, 0)),
+                         (_rng.standard_normal((1, 2, 3, 4, 2)), _rng.standard_normal((2, 3, 2, 3, 2)))),
 }
 
 
@@ -109,6 +151,11 @@ def test_weight_gradient_of_a_sum_loss_is_not_a_materialized_product():
     (lambda m: m.AvgPool2d(3, 1, 1), (2, 3, 6, 6)),
     (lambda m: m.AdaptiveAvgPool2d((1, 1)), (2, 3, 6, 6)),
     (lambda m: m.Flatten(), (2, 3, 4)),
+    (lambda m: m.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2), (2, 4, 5, 6)),
+    (lambda m: m.ConvTranspose1d(3, 2, 4, dilation=2, bias=False), (2, 3, 7)),
+    (lambda m: m.MaxPool1d(3, 2, 1, ceil_mode=True), (2, 3, 10)),
+    (lambda m: m.AvgPool1d(3, 2, 1, ceil_mode=True, count_include_pad=False), (2, 3, 10)),
+    (lambda m: m.MaxPool2d(3, 2, ceil_mode=True), (2, 3, 8, 8)),
 ])
 def test_layers_match_torch_with_copied_parameters(device, layer, shape):
     z, t = layer(nn), layer(torch.nn).double()
@@ -191,8 +238,14 @@ def test_conv_errors_name_the_problem():
         F.max_pool2d(x, 7)
     with pytest.raises(ValueError, match="padding='same' needs stride 1"):
         F.conv2d(x, zyx.Tensor(np.zeros((6, 4, 3, 3), np.float32)), stride=2, padding="same")
-    with pytest.raises(NotImplementedError, match="ceil_mode=True is not supported"):
-        F.max_pool2d(x, 2, ceil_mode=True)
+    with pytest.raises(ValueError, match=r"weight of shape \(3, 2, 3, 3\) do not match with groups=1: need "
+                                         r"weight.shape\[0\] = in_channels"):
+        F.conv_transpose2d(x, zyx.Tensor(np.zeros((3, 2, 3, 3), np.float32)))
+    with pytest.raises(ValueError, match=r"output_padding \(2, 2\) must be smaller than the stride \(2, 2\)"):
+        F.conv_transpose2d(x, zyx.Tensor(np.zeros((4, 2, 3, 3), np.float32)), stride=2, output_padding=2)
+    with pytest.raises(ValueError, match=r"output_size \(13, 13\) is not reachable from input shape \(2, 4, 5, 5\): "
+                                         r"each spatial size must be in \[11, 13\)"):
+        nn.ConvTranspose2d(4, 2, 3, stride=2)(x, output_size=(13, 13))
     with pytest.raises(NotImplementedError, match="must divide"):
         F.adaptive_avg_pool2d(x, 3)
     with pytest.raises(ValueError, match=r"bias must have shape \(6,\)"):

@@ -601,15 +601,79 @@ class Windows(Function):
         return windows_graph(x, axis, kernel, stride, dilation)
 
     def backward(self, grad):
-        # window element j of every window i came from x[i * stride + j * dilation]: k strided placements, added
-        axis, shape = self.axis, grad.shape
-        total = None
-        for j in range(self.kernel):
-            pick = tuple((j, j + 1, 1) if i == axis + 1 else (0, s, 1) for i, s in enumerate(shape))
-            gj = g.reshape(g.shrink(grad, pick), shape[:axis + 1] + shape[axis + 2:])
-            placed = _unshrink_axis(gj, axis, j * self.dilation, self.stride, self.n)
-            total = placed if total is None else g.binary(Ops.ADD, total, placed)
-        return (total,)
+        return (overlap_add_graph(grad, self.axis, self.stride, self.dilation, self.n),)
+
+
+def overlap_add_graph(x: Class, axis: int, stride: int, dilation: int, n: int) -> Class:
+    """The adjoint of ``windows_graph``: ``(..., o, kernel, ...) -> (..., n, ...)``, adding element ``[i, j]`` into
+    position ``i * stride + j * dilation`` (k strided placements, summed). With ``n = (o - 1) * stride +
+    dilation * (kernel - 1) + 1`` the windows of the result have ``o`` positions again."""
+    if stride > 1:
+        return _overlap_add_gathered(x, axis, stride, dilation, n)
+    shape, total = x.shape, None  # k placements, each a pad
+    for j in range(shape[axis + 1]):
+        pick = tuple((j, j + 1, 1) if i == axis + 1 else (0, s, 1) for i, s in enumerate(shape))
+        xj = g.reshape(g.shrink(x, pick), shape[:axis + 1] + shape[axis + 2:])
+        placed = _unshrink_axis(xj, axis, j * dilation, stride, n)
+        total = placed if total is None else g.binary(Ops.ADD, total, placed)
+    return total
+
+
+def _overlap_add_gathered(x: Class, axis: int, stride: int, dilation: int, n: int) -> Class:
+    """``overlap_add_graph`` as a gather: output position t sums ``x[(t - j * dilation) / stride, j]`` over the
+    ``j`` that divide evenly and land inside (index arithmetic per element; placing strided slices instead would
+    interleave zeros by reshapes, whose index math costs divisions by every padded extent)."""
+    o, k = x.shape[axis], x.shape[axis + 1]
+    i64, dev, shape = dtypes.int64, x.device, (n, k)
+    t = g.expand(g.reshape(g.iota(n, i64, dev), (n, 1)), shape)
+    j = g.expand(g.reshape(g.iota(k, i64, dev), (1, k)), shape)
+    num = g.binary(Ops.SUB, t, g.binary(Ops.MUL, j, g.const(dilation, shape, i64, dev)))
+    q = g.binary(Ops.DIV, num, g.const(stride, shape, i64, dev))  # floor division: negative numerators go below 0
+    valid = g.binary(Ops.AND, g.binary(Ops.CMPEQ, g.binary(Ops.MOD, num, g.const(stride, shape, i64, dev)),
+                                       g.const(0, shape, i64, dev)),
+                     g.binary(Ops.AND, g.binary(Ops.CMPLE, g.const(0, shape, i64, dev), q),
+                              g.binary(Ops.CMPLT, q, g.const(o, shape, i64, dev))))
+    full = x.shape[:axis] + shape + x.shape[axis + 2:]
+
+    def spread(c: Class) -> Class:
+        return g.expand(g.reshape(c, (1,) * axis + shape + (1,) * (len(full) - axis - 2)), full)
+
+    picked = g.take_along(x, spread(g.where(valid, q, g.const(0, shape, i64, dev))), axis)
+    summed = g.reduce(Ops.ADD, g.where(spread(valid), picked, g.const(0, full, x.dtype, dev)), (axis + 1,))
+    return g.reshape(summed, full[:axis + 1] + full[axis + 2:])
+
+
+class OverlapAdd(Function):
+    """Windows' adjoint as a differentiable op (a transposed convolution's col2im); its gradient is the windows of
+    the gradient."""
+
+    def forward(self, x, axis=0, stride=1, dilation=1):
+        self.axis, self.kernel, self.stride, self.dilation = axis, x.shape[axis + 1], stride, dilation
+        return overlap_add_graph(x, axis, stride, dilation,
+                                 (x.shape[axis] - 1) * stride + dilation * (self.kernel - 1) + 1)
+
+    def backward(self, grad):
+        return (windows_graph(grad, self.axis, self.kernel, self.stride, self.dilation),)
+
+
+class FirstMax(Function):
+    """The maximum over the last axis (kept, size 1) whose gradient goes to the first maximal element only (NaN
+    counts as maximal, as it propagates): PyTorch's max pooling, which routes by its argmax, where ``Max`` splits
+    the gradient among ties."""
+
+    def forward(self, x):
+        self.x = x
+        self.y = g.reduce(Ops.MAX, x, (len(x.shape) - 1,))
+        return self.y
+
+    def backward(self, grad):
+        x, k = self.x, self.x.shape[-1]
+        i64, dev = dtypes.int64, x.device
+        hit = g.binary(Ops.OR, g.binary(Ops.CMPEQ, x, g.expand(self.y, x.shape)), g.unary(Ops.ISNAN, x))
+        pos = g.expand(g.reshape(g.iota(k, i64, dev), (1,) * (len(x.shape) - 1) + (k,)), x.shape)
+        first = g.reduce(Ops.MIN, g.where(hit, pos, g.const(k, x.shape, i64, dev)), (len(x.shape) - 1,))
+        chosen = g.binary(Ops.CMPEQ, pos, g.expand(first, x.shape))
+        return (g.where(chosen, g.expand(grad, x.shape), g.const(0, x.shape, grad.dtype, grad.device)),)
 
 
 class Gather(Function):

@@ -4,17 +4,22 @@ from zyx.nn import functional
 from zyx.nn.layers import (
     GELU,
     AdaptiveAvgPool2d,
+    AvgPool1d,
     AvgPool2d,
     BatchNorm1d,
     BatchNorm2d,
     Conv1d,
     Conv2d,
     Conv3d,
+    ConvTranspose1d,
+    ConvTranspose2d,
+    ConvTranspose3d,
     Dropout,
     Embedding,
     Flatten,
     LayerNorm,
     Linear,
+    MaxPool1d,
     MaxPool2d,
     MultiheadAttention,
     ReLU,
@@ -23,5 +28,6 @@ from zyx.nn.layers import (
 from zyx.nn.module import Module, Parameter
 
 __all__ = ["Module", "Parameter", "Linear", "LayerNorm", "Embedding", "MultiheadAttention", "Dropout", "Sequential",
-           "ReLU", "GELU", "Conv1d", "Conv2d", "Conv3d", "MaxPool2d", "AvgPool2d", "AdaptiveAvgPool2d", "Flatten",
+           "ReLU", "GELU", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
+           "ConvTranspose3d", "MaxPool1d", "MaxPool2d", "AvgPool1d", "AvgPool2d", "AdaptiveAvgPool2d", "Flatten",
            "BatchNorm1d", "BatchNorm2d", "functional"]

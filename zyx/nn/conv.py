@@ -49,11 +49,12 @@ def _spatial_input(x: Tensor, nd: int, name: str) -> tuple[Tensor, bool]:
     return x, False
 
 
-def _padded(x: Tensor, padding: Sequence[int], value) -> Tensor:
-    nd = len(padding)
-    if not any(padding):
+def _padded(x: Tensor, padding: Sequence[int] | Sequence[tuple[int, int]], value) -> Tensor:
+    """``x`` padded on its last ``len(padding)`` axes: ``p`` on both sides, or ``(left, right)``."""
+    pairs = [(p, p) if isinstance(p, int) else tuple(p) for p in padding]
+    if not any(a or b for a, b in pairs):
         return x
-    return x.pad(tuple([(0, 0)] * (x.ndim - nd) + [(p, p) for p in padding]), value=value)
+    return x.pad(tuple([(0, 0)] * (x.ndim - len(pairs)) + pairs), value=value)
 
 
 def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padding, dilation, groups: int, nd: int,
@@ -115,23 +116,115 @@ def conv3d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, 
     return _conv(input, weight, bias, stride, padding, dilation, groups, 3, "conv3d")
 
 
+def _conv_transpose(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padding, output_padding, groups: int,
+                    dilation, nd: int, name: str) -> Tensor:
+    x, unbatched = _spatial_input(x, nd, name)
+    if weight.ndim != nd + 2:
+        raise ValueError(f"{name}: weight must be (in_channels, out_channels / groups, *kernel) with {nd + 2} "
+                         f"dimensions, got shape {weight.shape}")
+    n, c = x.shape[:2]
+    og, kernel = weight.shape[1], weight.shape[2:]
+    if groups < 1 or c % groups or weight.shape[0] != c:
+        raise ValueError(f"{name}: input of shape {x.shape} ({c} channels) and weight of shape {weight.shape} do "
+                         f"not match with groups={groups}: need weight.shape[0] = in_channels, divisible by groups")
+    stride, padding = _tuple(stride, nd, "stride"), _tuple(padding, nd, "padding")
+    output_padding, dilation = _tuple(output_padding, nd, "output_padding"), _tuple(dilation, nd, "dilation")
+    if any(op >= s and op >= d for op, s, d in zip(output_padding, stride, dilation)):
+        raise ValueError(f"{name}: output_padding {output_padding} must be smaller than the stride {stride} or the "
+                         f"dilation {dilation}")
+    g, cg, k, spatial = groups, c // groups, math.prod(kernel), x.shape[2:]
+    # per sample and group: the weight's transpose (og * k, cg) times the input (cg, positions) gives every input
+    # position's contribution to each kernel offset (a GEMM); overlap-adding them (col2im: the adjoint of the
+    # windows) places them in the output, as the input gradient of a convolution does
+    cols = weight.reshape(1, g, cg, og * k).transpose(-1, -2) @ x.reshape(n, g, cg, math.prod(spatial))
+    y = cols.reshape((n, g * og) + kernel + spatial)
+    y = y.permute(0, 1, *[a for i in range(nd) for a in (2 + nd + i, 2 + i)])  # (n, o, l_1, k_1, ..., l_n, k_n)
+    for i, (s, d) in enumerate(zip(stride, dilation)):
+        y = AG.OverlapAdd.apply(y, axis=2 + i, stride=s, dilation=d)
+    full = y.shape[2:]
+    out = tuple(f - 2 * p + op for f, p, op in zip(full, padding, output_padding))
+    if any(o < 1 for o in out):
+        raise ValueError(f"{name}: the output would have spatial size {out} (input {x.shape}, kernel {kernel}, "
+                         f"stride {stride}, padding {padding}); lower the padding")
+    y = _padded(y, [(0, max(0, op - p)) for p, op in zip(padding, output_padding)], 0)
+    y = y[(slice(None),) * 2 + tuple(slice(p, p + o) for p, o in zip(padding, out))]
+    if bias is not None:
+        if bias.shape != (g * og,):
+            raise ValueError(f"{name}: bias must have shape ({g * og},), got {bias.shape}")
+        y = y + bias.reshape((g * og,) + (1,) * nd)
+    return y[0] if unbatched else y
+
+
+def output_padding_for(shape: tuple[int, ...], output_size, kernel: Sequence[int], stride, padding, dilation,
+                       name: str) -> tuple[int, ...]:
+    """The output padding that makes a transposed convolution of an input of ``shape`` produce ``output_size``
+    (its last ``len(kernel)`` entries are the spatial sizes, as PyTorch's ``ConvTranspose.forward`` takes them)."""
+    nd = len(kernel)
+    size = tuple(output_size)[-nd:]
+    stride, padding = _tuple(stride, nd, "stride"), _tuple(padding, nd, "padding")
+    dilation = _tuple(dilation, nd, "dilation")
+    pads = []
+    for want, n, k, s, p, d in zip(size, shape[-nd:], kernel, stride, padding, dilation):
+        least = (n - 1) * s - 2 * p + d * (k - 1) + 1
+        if not least <= want < least + max(s, d):
+            raise ValueError(f"{name}: output_size {tuple(output_size)} is not reachable from input shape {shape}: "
+                             f"each spatial size must be in [{least}, {least + max(s, d)}) here")
+        pads.append(want - least)
+    return tuple(pads)
+
+
+def conv_transpose1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0,
+                     output_padding=0, groups: int = 1, dilation=1) -> Tensor:
+    """PyTorch's ``conv_transpose1d`` (the input gradient of ``conv1d``): input (N, C, L), weight
+    (C, O / groups, k)."""
+    return _conv_transpose(input, weight, bias, stride, padding, output_padding, groups, dilation, 1,
+                           "conv_transpose1d")
+
+
+def conv_transpose2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0,
+                     output_padding=0, groups: int = 1, dilation=1) -> Tensor:
+    """PyTorch's ``conv_transpose2d`` (the input gradient of ``conv2d``): input (N, C, H, W), weight
+    (C, O / groups, kh, kw)."""
+    return _conv_transpose(input, weight, bias, stride, padding, output_padding, groups, dilation, 2,
+                           "conv_transpose2d")
+
+
+def conv_transpose3d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0,
+                     output_padding=0, groups: int = 1, dilation=1) -> Tensor:
+    """PyTorch's ``conv_transpose3d``: input (N, C, D, H, W), weight (C, O / groups, kd, kh, kw)."""
+    return _conv_transpose(input, weight, bias, stride, padding, output_padding, groups, dilation, 3,
+                           "conv_transpose3d")
+
+
 def _pool_args(x: Tensor, kernel_size, stride, padding, dilation, ceil_mode: bool, nd: int, name: str):
-    if ceil_mode:
-        raise NotImplementedError(f"{name}: ceil_mode=True is not supported; pad the input instead")
+    """kernel, stride, dilation and the (left, right) padding per spatial axis: ``padding`` on both sides, plus on
+    the right what ``ceil_mode``'s last, partial window reaches past it (PyTorch's rule: a window must start inside
+    the input or its left padding)."""
     kernel = _tuple(kernel_size, nd, "kernel_size")
     stride = kernel if stride is None or stride == [] else _tuple(stride, nd, "stride")
     padding, dilation = _tuple(padding, nd, "padding"), _tuple(dilation, nd, "dilation")
     if any(2 * p > k for p, k in zip(padding, kernel)):
         raise ValueError(f"{name}: padding {padding} must be at most half the kernel size {kernel}")
-    return kernel, stride, padding, dilation
+    pads = []
+    for size, k, s, p, d in zip(x.shape[-nd:], kernel, stride, padding, dilation):
+        span = size + 2 * p - d * (k - 1) - 1
+        if span < 0:
+            raise ValueError(f"{name}: a window of {k} (dilation {d}) does not fit spatial size {size} with padding "
+                             f"{p} (input shape {x.shape})")
+        out = (span + (s - 1 if ceil_mode else 0)) // s + 1
+        if ceil_mode and (out - 1) * s >= size + p:
+            out -= 1
+        pads.append((p, p + max(0, (out - 1) * s + d * (k - 1) + 1 - size - 2 * p)))
+    return kernel, stride, pads, dilation
 
 
 def _max_pool(x, kernel_size, stride, padding, dilation, ceil_mode, nd: int, name: str) -> Tensor:
     x, unbatched = _spatial_input(x, nd, name)
-    kernel, stride, padding, dilation = _pool_args(x, kernel_size, stride, padding, dilation, ceil_mode, nd, name)
+    kernel, stride, pads, dilation = _pool_args(x, kernel_size, stride, padding, dilation, ceil_mode, nd, name)
     low = -math.inf if x.dtype.is_float else dtypes.int_range(x.dtype)[0] if x.dtype.kind != "b" else False
-    w = windows(_padded(x, padding, low), kernel, stride, dilation)
-    y = w.max(tuple(range(-nd, 0)))
+    w = windows(_padded(x, pads, low), kernel, stride, dilation)
+    out = w.shape[:-nd]
+    y = AG.FirstMax.apply(w.reshape(out + (math.prod(kernel),))).reshape(out)
     return y[0] if unbatched else y
 
 
@@ -147,18 +240,24 @@ def max_pool2d(input: Tensor, kernel_size, stride=None, padding=0, dilation=1, c
 def _avg_pool(x, kernel_size, stride, padding, ceil_mode, count_include_pad: bool, divisor_override, nd: int,
               name: str) -> Tensor:
     x, unbatched = _spatial_input(x, nd, name)
-    kernel, stride, padding, dilation = _pool_args(x, kernel_size, stride, padding, 1, ceil_mode, nd, name)
+    kernel, stride, pads, dilation = _pool_args(x, kernel_size, stride, padding, 1, ceil_mode, nd, name)
     if not x.dtype.is_float:
         raise TypeError(f"{name}: needs a float input, got {x.dtype.name}")
     axes = tuple(range(-nd, 0))
-    total = windows(_padded(x, padding, 0), kernel, stride, dilation).sum(axes)
+    total = windows(_padded(x, pads, 0), kernel, stride, dilation).sum(axes)
+    partial = any(b > a for a, b in pads)  # ceil_mode's last windows reach past the padding
     if divisor_override is not None:
         y = total / divisor_override
-    elif count_include_pad or not any(padding):
+    elif not partial and (count_include_pad or not any(a for a, _ in pads)):
         y = total / math.prod(kernel)
-    else:  # the number of input (not padding) elements under each window
-        ones = Tensor.ones(x.shape[-nd:], dtype=x.dtype, device=x.device)
-        y = total / windows(_padded(ones, padding, 0), kernel, stride, dilation).sum(axes)
+    else:  # the elements under each window: the input's, with the padding's when count_include_pad
+        spatial = x.shape[-nd:]
+        if count_include_pad:
+            ones = Tensor.ones(tuple(n + 2 * a for n, (a, _) in zip(spatial, pads)), dtype=x.dtype, device=x.device)
+            ones = _padded(ones, [(0, b - a) for a, b in pads], 0)
+        else:
+            ones = _padded(Tensor.ones(spatial, dtype=x.dtype, device=x.device), pads, 0)
+        y = total / windows(ones, kernel, stride, dilation).sum(axes)
     return y[0] if unbatched else y
 
 

@@ -16,6 +16,9 @@ from zyx.nn.conv import (  # noqa: F401 - re-exported: PyTorch keeps them in fun
     conv1d,
     conv2d,
     conv3d,
+    conv_transpose1d,
+    conv_transpose2d,
+    conv_transpose3d,
     max_pool1d,
     max_pool2d,
 )

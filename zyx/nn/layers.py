@@ -6,6 +6,7 @@ import math
 
 from zyx.autograd import no_grad
 from zyx.nn import functional as F
+from zyx.nn.conv import output_padding_for
 from zyx.nn.module import Module, Parameter
 from zyx.tensor import Tensor, rand, randn
 
@@ -117,6 +118,65 @@ class Conv2d(_ConvNd):
 
 class Conv3d(_ConvNd):
     nd = 3
+
+
+class _ConvTransposeNd(Module):
+    """PyTorch's ``ConvTranspose{n}d``: weight (in_channels, out_channels / groups, *kernel_size) and bias
+    (out_channels,), both uniform in +-1/sqrt(fan_in) with PyTorch's fan_in (out_channels / groups * kernel size).
+    ``forward(x, output_size)`` picks the output padding that gives ``output_size``, as PyTorch does."""
+
+    nd = 0
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, output_padding=0,
+                 groups: int = 1, bias: bool = True, dilation=1, device: str | None = None) -> None:
+        if groups < 1 or in_channels % groups or out_channels % groups:
+            raise ValueError(f"{type(self).__name__}: in_channels {in_channels} and out_channels {out_channels} "
+                             f"must be divisible by groups {groups}")
+        kernel = (kernel_size,) * self.nd if isinstance(kernel_size, int) else tuple(kernel_size)
+        self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, kernel
+        self.stride, self.padding, self.output_padding = stride, padding, output_padding
+        self.groups, self.dilation = groups, dilation
+        fan_in = out_channels // groups * math.prod(kernel)
+        bound = 1 / math.sqrt(fan_in) if fan_in else 0.0
+        self.weight = Parameter(_uniform((in_channels, out_channels // groups, *kernel), bound, device))
+        self.bias = Parameter(_uniform((out_channels,), bound, device)) if bias else None
+
+    def forward(self, x: Tensor, output_size=None) -> Tensor:
+        conv = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[self.nd - 1]
+        op = self.output_padding if output_size is None else output_padding_for(
+            x.shape, output_size, self.kernel_size, self.stride, self.padding, self.dilation, type(self).__name__)
+        return conv(x, self.weight, self.bias, self.stride, self.padding, op, self.groups, self.dilation)
+
+
+class ConvTranspose1d(_ConvTransposeNd):
+    nd = 1
+
+
+class ConvTranspose2d(_ConvTransposeNd):
+    nd = 2
+
+
+class ConvTranspose3d(_ConvTransposeNd):
+    nd = 3
+
+
+class MaxPool1d(Module):
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False) -> None:
+        self.kernel_size, self.stride, self.padding, self.dilation = kernel_size, stride, padding, dilation
+        self.ceil_mode = ceil_mode
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.max_pool1d(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+
+
+class AvgPool1d(Module):
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
+                 count_include_pad: bool = True) -> None:
+        self.kernel_size, self.stride, self.padding, self.ceil_mode = kernel_size, stride, padding, ceil_mode
+        self.count_include_pad = count_include_pad
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.avg_pool1d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad)
 
 
 class MaxPool2d(Module):
