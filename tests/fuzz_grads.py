@@ -9,6 +9,11 @@ finite and below ``LIMIT`` in magnitude.
 
 The same programs in float32 (:class:`SmoothBuilder32`) run zyx's float32 kernels and library calls.
 
+Round trips through another float dtype (``x.cast(float16).cast(float64)``, :meth:`SmoothBuilder.g_round_trip`)
+round in the forward and, as PyTorch's casts, round the gradient in the backward. The reference holds each rounding
+offset fixed (its derivative is 1, straight through), and :func:`finite_differences` adds the gradient's rounding,
+computed from differences taken at the round trip's output.
+
 The loss is ``sum(w_k * v_k)`` over every float value ``v_k`` the program computes, with fixed random weights; its
 gradient with respect to every float input is compared, element by element, with ``(L(x + h e_j) - L(x - h e_j)) /
 2h`` computed by the NumPy reference (the instruction references the value fuzzer checks zyx's forward with).
@@ -23,7 +28,20 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
-from fuzz_programs import GENERATORS, Builder, Program, _axes, _erf, array_src, decoy, programs, softmax_ref, zdt
+from fuzz_programs import (
+    GENERATORS,
+    TOL,
+    Builder,
+    Program,
+    _axes,
+    _erf,
+    array_src,
+    cast_ref,
+    decoy,
+    programs,
+    softmax_ref,
+    zdt,
+)
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -71,6 +89,7 @@ class SmoothBuilder(Builder):
                   "sum", "max", "min", "mean")
     INPUT_KINDS = ("data",) * 6 + ("full",)
     SCALARS = (0.5, -0.5, 1.5, -1.5, 2.0, 0.75, -1.25, 3.0, 0.3)
+    ROUND_TRIPS = (dtypes.float32, dtypes.float16, dtypes.bfloat16)  # the dtypes g_round_trip passes through
 
     def dtype(self, like: DType | None = None, pred: Callable[[DType], bool] = lambda d: True) -> DType:
         return self.FLOAT if pred(self.FLOAT) else super().dtype(like, pred)
@@ -99,6 +118,46 @@ class SmoothBuilder(Builder):
             del self.instrs[i:], self.vals[i:], self.tags[i:]
             raise Rejected(f"{template}: a value out of range (or a std near 0, its kink)")
         return i
+
+    # ---- casts ----------------------------------------------------------------------------------------------
+    def g_round_trip(self) -> bool:
+        """``x.cast(d).cast(back)`` of a float value, ``d`` from ``ROUND_TRIPS`` (spelled as ``cast``, ``astype``,
+        ``half()``/``float()``, a zyx, NumPy or string dtype): rounded to ``d`` once (NumPy's float16, ml_dtypes'
+        bfloat16). The reference adds the rounding offset at the drawn values, held fixed (straight through), so
+        the differences see the derivative 1 of a cast; refused when a value sits within zyx's error of a point
+        where its rounding changes (and, from float64 to 16 bits, within float32's rounding of one: zyx rounds
+        there through float32, as PyTorch on the CPU)."""
+        a = self.pick(lambda v: _is_float(v.arr) and v.arr.size > 0)
+        if a is None:
+            return False
+        d = self.draw(st.sampled_from(self.ROUND_TRIPS))
+        v = self.vals[a]
+        x = v.arr.astype(np.float64)
+        allowance = np.zeros(x.shape) if v.exact else TOL[self.FLOAT] * self.scale_of(a)
+        if self.FLOAT.itemsize == 8 and d.itemsize == 2:
+            allowance = allowance + 2.0 ** -24 * np.abs(x)
+        if np.any(gap_to_rounding_change(x, d) <= allowance):
+            raise Rejected(f"cast to {d.name}: a value near a change of its rounding")
+        r = cast_ref(cast_ref(v.arr, d), self.FLOAT)
+        offset = r.astype(np.float64) - x
+
+        def ref(y: np.ndarray) -> np.ndarray:
+            return np.asarray(y.astype(np.float64) + offset).astype(y.dtype)
+
+        if not np.array_equal(ref(v.arr), r):  # x + (r - x) is r where the difference is exact
+            raise Rejected(f"cast to {d.name}: an offset that does not restore the rounded value")
+        tmpl = "{0}" + self._cast_call(d) + self._cast_call(self.FLOAT)
+        self.emit(tmpl, (a,), ref, kind="neg", ops=("round_trip", d.name))
+        return True
+
+    def _cast_call(self, d: DType) -> str:
+        """A call casting to ``d``, in one of the spellings zyx takes."""
+        short = {dtypes.float16: "half", dtypes.float32: "float"}.get(d)
+        if short is not None and self.draw(st.booleans()):
+            return f".{short}()"
+        method = self.draw(st.sampled_from(("cast", "astype")))
+        module = "ml_dtypes" if d is dtypes.bfloat16 else "np"
+        return f".{method}({self.draw(st.sampled_from((f'zyx.{d.name}', f'{d.name!r}', f'{module}.{d.name}')))})"
 
     # ---- zyx.nn.functional --------------------------------------------------------------------------------------
     def g_nn(self) -> bool:
@@ -305,11 +364,12 @@ class SmoothBuilder32(SmoothBuilder):
     """The same programs in float32 (zyx's float32 kernels and library calls, checked against float64 differences)."""
 
     FLOAT = dtypes.float32
+    ROUND_TRIPS = (dtypes.float64, dtypes.float16, dtypes.bfloat16)
 
 
 # setitem: the fuzzer assigns into a detached copy, which cuts the gradient the reference sees
 GRAD_GENERATORS = tuple(name for name, (_, w) in GENERATORS.items() if name not in ("cast", "setitem")
-                        for _ in range(w)) + ("nn",) * 3
+                        for _ in range(w)) + ("nn",) * 3 + ("round_trip",) * 3
 # per float dtype: the relative tolerance of a gradient and its allowance for rounding, per unit of the summed
 # magnitude of the program's values (float64: the finite differences' own rounding; float32: zyx's)
 TOLERANCE = {np.dtype(np.float64): (1e-5, 1e-15 / STEP), np.dtype(np.float32): (2e-3, 1e-6)}
@@ -337,9 +397,28 @@ def grad_inputs(prog: Program) -> list[int]:
     return [i for i, ins in enumerate(prog.instrs) if ins.data is not None and _is_float(ins.data)]
 
 
-def reference_loss(prog: Program, weights: dict[int, np.ndarray], data: dict[int, np.ndarray]) -> float:
-    """The loss computed by the NumPy reference in float64 (float inputs widened), with the inputs in ``data``
-    replaced."""
+def gap_to_rounding_change(x: np.ndarray, d: DType) -> np.ndarray:
+    """Per element of float64 ``x``, its distance to the nearest point where its rounding to ``d`` changes (a
+    midpoint between neighbours of ``d``); inf for float64, which holds every value the programs cast to it."""
+    if d.itemsize >= 8:
+        return np.full(x.shape, math.inf)
+    r = x.astype(d.np_dtype)
+    up = np.nextafter(r, np.asarray(np.inf, d.np_dtype)).astype(np.float64)
+    down = np.nextafter(r, np.asarray(-np.inf, d.np_dtype)).astype(np.float64)
+    r64 = r.astype(np.float64)
+    with np.errstate(all="ignore"):
+        return np.minimum(np.abs(x - (r64 + up) / 2), np.abs(x - (r64 + down) / 2))
+
+
+def round_trips(prog: Program) -> dict[int, DType]:
+    """The program's round trips (:meth:`SmoothBuilder.g_round_trip`): instruction, the dtype it passes through."""
+    return {i: dtypes.to_dtype(ins.ops[1]) for i, ins in enumerate(prog.instrs) if ins.ops[:1] == ("round_trip",)}
+
+
+def _reference_values(prog: Program, data: dict[int, np.ndarray], shift: dict[int, np.ndarray] | None = None
+                      ) -> list[np.ndarray]:
+    """Every value of the NumPy reference in float64 (float inputs widened), with the inputs in ``data`` replaced
+    and ``shift`` added to the values it names (the differences at a value)."""
     arrs: list[np.ndarray] = []
     with np.errstate(all="ignore"):
         for i, ins in enumerate(prog.instrs):
@@ -348,22 +427,95 @@ def reference_loss(prog: Program, weights: dict[int, np.ndarray], data: dict[int
                 arrs.append(x.astype(np.float64) if _is_float(x) else x)
             else:
                 arrs.append(np.asarray(ins.ref(*(arrs[a] for a in ins.args))))
+            if shift and i in shift:
+                arrs[-1] = np.asarray(arrs[-1] + shift[i])
+    return arrs
+
+
+def _weighted(arrs: list[np.ndarray], weights: dict[int, np.ndarray]) -> float:
+    with np.errstate(all="ignore"):
         return float(sum(np.sum(arrs[i].astype(np.float64) * w) for i, w in weights.items()))
 
 
-def finite_differences(prog: Program, weights: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
-    """Central differences of :func:`reference_loss` per element of every float input."""
-    out = {}
+def reference_loss(prog: Program, weights: dict[int, np.ndarray], data: dict[int, np.ndarray]) -> float:
+    """The loss computed by the NumPy reference in float64 (float inputs widened), with the inputs in ``data``
+    replaced."""
+    return _weighted(_reference_values(prog, data), weights)
+
+
+class Reference(dict):
+    """The reference gradient per float input, and ``allowance``: per input, the error a gradient rounding whose
+    direction the differences cannot tell may add (zeros without round trips)."""
+
+    allowance: dict[int, np.ndarray]
+
+
+def _step(x: float) -> float:
+    return STEP * max(1.0, abs(x))
+
+
+def _round_gradient(prog: Program, c: int, g: np.ndarray, tol: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """zyx's rounding of the gradient ``g`` reaching round trip ``c`` (to the program's float dtype, then to the
+    dtype passed through, and back), and per element one unit in the last place of that dtype where ``g`` lies
+    within ``tol`` of a change of its rounding (from float64 to 16 bits, zyx rounds through float32: where that
+    differs, too), else 0."""
+    d, f = round_trips(prog)[c], zdt(prog.vals[c].arr)
+    rounded = cast_ref(cast_ref(cast_ref(g, f), d), dtypes.float64)
+    if d.itemsize >= f.itemsize:
+        return rounded, np.zeros(g.shape)
+    if f.itemsize == 8 and d.itemsize == 2:
+        tol = tol + 2.0 ** -24 * np.abs(g)
+    r = cast_ref(rounded, d)
+    with np.errstate(all="ignore"):
+        ulp = np.maximum(np.nextafter(r, np.asarray(np.inf, r.dtype)).astype(np.float64) - rounded,
+                         rounded - np.nextafter(r, np.asarray(-np.inf, r.dtype)).astype(np.float64))
+    return rounded, np.where(gap_to_rounding_change(g, d) <= tol, ulp, 0.0)
+
+
+def finite_differences(prog: Program, weights: dict[int, np.ndarray]) -> Reference:
+    """Central differences of :func:`reference_loss` per element of every float input.
+
+    With round trips: zyx's backward rounds the gradient ``g`` reaching a round trip ``c`` (its weight plus what
+    later values pass back) to the dtype passed through, an error ``e``; as the gradient is linear in the weights,
+    that adds the gradient of ``e * v_c``, so ``e`` is added to ``c``'s weight. ``g`` is the central difference at
+    ``v_c``, taken from the last round trip to the first (a later one's ``e`` reaches an earlier one). Where ``g``
+    is within the check's tolerance of a change of its rounding, the unit in the last place it may round by,
+    times ``|d v_c / d input|`` (from the same differences), goes to ``allowance``. A gradient beyond the range of
+    the dtype passed through (inf in zyx) leaves nothing to check: NaN."""
+    w = {i: a.astype(np.float64) for i, a in weights.items()}
+    unsure: dict[int, np.ndarray] = {}
+    magnitude = _magnitude(prog)
+    for c in sorted(round_trips(prog), reverse=True):
+        v = prog.vals[c].arr
+        g = np.zeros(v.shape)
+        for j in np.ndindex(v.shape):
+            h = _step(float(v[j]))
+            up, down = np.zeros(v.shape), np.zeros(v.shape)
+            up[j], down[j] = h, -h
+            g[j] = (_weighted(_reference_values(prog, {}, {c: up}), w)
+                    - _weighted(_reference_values(prog, {}, {c: down}), w)) / (2 * h)
+        rtol, per_magnitude = TOLERANCE[v.dtype]
+        rounded, ulp = _round_gradient(prog, c, g, rtol * (1 + np.abs(g)) + per_magnitude * magnitude)
+        if not np.all(np.isfinite(rounded)):
+            out = Reference({i: np.full(prog.instrs[i].data.shape, np.nan) for i in grad_inputs(prog)})
+            out.allowance = {}
+            return out
+        w[c] = w[c] + (rounded - g)
+        if np.any(ulp):
+            unsure[c] = ulp
+    out, out.allowance = Reference(), {}
     for i in grad_inputs(prog):
         x = prog.instrs[i].data.astype(np.float64)
-        g = np.zeros(x.shape)
+        g, allow = np.zeros(x.shape), np.zeros(x.shape)
         for j in np.ndindex(x.shape):
-            h = STEP * max(1.0, abs(float(x[j])))
+            h = _step(float(x[j]))
             up, down = x.copy(), x.copy()
             up[j] += h
             down[j] -= h
-            g[j] = (reference_loss(prog, weights, {i: up}) - reference_loss(prog, weights, {i: down})) / (2 * h)
-        out[i] = g
+            hi, lo = _reference_values(prog, {i: up}), _reference_values(prog, {i: down})
+            g[j] = (_weighted(hi, w) - _weighted(lo, w)) / (2 * h)
+            allow[j] = sum(float(np.sum(np.abs(hi[c] - lo[c]) * u)) for c, u in unsure.items()) / (2 * h)
+        out[i], out.allowance[i] = g, allow
     return out
 
 
@@ -459,13 +611,14 @@ def compare_loss(prog: Program, got: float, want: float) -> str | None:
 
 def compare_grads(prog: Program, got: dict[int, np.ndarray], want: dict[int, np.ndarray]) -> list[str]:
     """Mismatches of zyx's gradients against the finite differences (tolerance: the differences' own error, from
-    the step's truncation and the rounding of every value the loss sums)."""
+    the step's truncation and the rounding of every value the loss sums, plus a :class:`Reference`'s
+    ``allowance`` for gradient roundings the differences cannot tell)."""
     magnitude = _magnitude(prog)
     errors = []
     for i, w in want.items():
         g = got[i].astype(np.float64)
         rtol, per_magnitude = TOLERANCE[prog.instrs[i].data.dtype]
-        tol = rtol * (1 + np.abs(w)) + per_magnitude * magnitude
+        tol = rtol * (1 + np.abs(w)) + per_magnitude * magnitude + getattr(want, "allowance", {}).get(i, 0.0)
         bad = ~(np.abs(g - w) <= tol) & np.isfinite(w)  # a difference that is not finite judges nothing
         if np.any(bad):
             idx = [tuple(int(k) for k in ix) for ix in np.argwhere(bad)[:4]]
