@@ -30,6 +30,7 @@ from zyx.dtypes import (
     uint64,
 )
 from zyx.dtypes import bool_ as bool  # noqa: A001 - zyx.bool like torch.bool
+from zyx.einsum import einsum
 from zyx.jit import jit
 from zyx.tensor import (
     Tensor,
@@ -97,5 +98,5 @@ __all__ = [
     "uint32", "uint64", "float16", "bfloat16", "float32", "float64", "promote_types", "zeros", "ones", "full",
     "arange", "linspace", "eye", "zeros_like", "ones_like", "full_like", "rand", "randn", "randint", "manual_seed",
     "cat", "stack", "where", "matmul", "realize", "no_grad", "enable_grad", "debug", "tensor", "broadcast_shapes",
-    "set_default_device", "default_device", "from_dlpack", "jit", "CaptureError", *_functions.FUNCTIONS,
+    "set_default_device", "default_device", "from_dlpack", "einsum", "jit", "CaptureError", *_functions.FUNCTIONS,
 ]

@@ -18,7 +18,7 @@ UNARY_AND_REDUCE = (
     "sum", "prod", "mean", "max", "min", "amax", "amin", "argmax", "argmin", "var", "std", "logsumexp", "softmax",
     "log_softmax", "cumsum", "cumprod", "all", "any",
     "reshape", "transpose", "permute", "flatten", "squeeze", "unsqueeze", "flip", "broadcast_to", "repeat_interleave",
-    "split", "chunk", "pad", "gather", "take_along_dim", "index_select",
+    "split", "chunk", "pad", "gather", "take_along_dim", "index_select", "roll", "tril", "triu", "norm", "outer",
 )
 # name -> (the method for a tensor first, the method for a tensor second)
 BINARY = {

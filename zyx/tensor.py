@@ -1068,6 +1068,73 @@ class Tensor:
         return self._shrink(tuple((s - 1, -1, -1) if i in axes and s > 0 else (0, s, 1)
                                   for i, s in enumerate(self.shape)))
 
+    def roll(self, shifts, dims=None) -> Tensor:
+        """Elements shifted cyclically by ``shifts`` along ``dims`` (one int each, or sequences of equal length);
+        with ``dims`` None the flattened tensor is rolled and reshaped back, as PyTorch's ``roll``."""
+        if dims is None:
+            if not isinstance(shifts, int):
+                raise ValueError(f"roll: without dims, shifts must be one int, got {shifts!r}")
+            return self.reshape(-1).roll(shifts, 0).reshape(self.shape)
+        shifts, dims = ((shifts,), (dims,)) if isinstance(dims, int) else (tuple(shifts), tuple(dims))
+        if len(shifts) != len(dims):
+            raise ValueError(f"roll: shifts {shifts} and dims {dims} differ in length")
+        x = self
+        for shift, d in zip(shifts, dims):
+            d = _norm_axis(d, x.ndim)
+            n = x.shape[d]
+            k = shift % n if n else 0
+            if k:
+                x = cat([x._slice_axis(d, n - k, n), x._slice_axis(d, 0, n - k)], d)
+        return x
+
+    def tril(self, diagonal: int = 0) -> Tensor:
+        """Zeros above the ``diagonal``-th diagonal of the last two axes (element (i, j) kept when j - i <=
+        diagonal)."""
+        return self._triangle(diagonal, lower=True)
+
+    def triu(self, diagonal: int = 0) -> Tensor:
+        """Zeros below the ``diagonal``-th diagonal of the last two axes (element (i, j) kept when j - i >=
+        diagonal)."""
+        return self._triangle(diagonal, lower=False)
+
+    def _triangle(self, diagonal: int, lower: bool) -> Tensor:
+        if self.ndim < 2:
+            raise ValueError(f"{'tril' if lower else 'triu'}: needs at least 2 dimensions, got shape {self.shape}")
+        n, m = self.shape[-2:]
+        dev = self._on_compute().device
+        offset = (Tensor._from_class(g.iota(m, dtypes.int64, dev)).reshape(1, m)
+                  - Tensor._from_class(g.iota(n, dtypes.int64, dev)).reshape(n, 1))
+        keep = offset <= diagonal if lower else offset >= diagonal
+        return keep.where(self, Tensor.zeros((), dtype=self.dtype, device=dev))
+
+    def norm(self, p="fro", dim=None, keepdim: bool = False) -> Tensor:
+        """Vector norm over ``dim`` (every axis when None), PyTorch's ``norm`` / ``linalg.vector_norm``: ``p`` 2 or
+        "fro" (the gradient at a zero vector is 0, as PyTorch's), 1, inf, -inf, 0 (the count of nonzeros) or any
+        other real."""
+        x = self._float()
+        a = x.abs()
+        if p in ("fro", 2, 2.0):
+            s = (x * x).sum(dim, keepdim=keepdim)
+            zero = s == 0  # sqrt's gradient there is inf: take the root of 1 instead and select 0
+            return zero.where(0.0, zero.where(1.0, s).sqrt())
+        if p in (1, 1.0):
+            return a.sum(dim, keepdim=keepdim)
+        if p == math.inf:
+            return a.max(dim, keepdim=keepdim)
+        if p == -math.inf:
+            return a.min(dim, keepdim=keepdim)
+        if p == 0:
+            return (x != 0).cast(x.dtype).sum(dim, keepdim=keepdim)
+        if not isinstance(p, (int, float)):
+            raise ValueError(f"norm: p must be a number, inf, -inf or 'fro', got {p!r}")
+        return (a ** p).sum(dim, keepdim=keepdim) ** (1.0 / p)
+
+    def outer(self, other: Tensor) -> Tensor:
+        """The outer product of two 1-D tensors."""
+        if self.ndim != 1 or other.ndim != 1:
+            raise ValueError(f"outer: needs two 1-D tensors, got shapes {self.shape} and {other.shape}")
+        return self.reshape(-1, 1) * other.reshape(1, -1)
+
     def repeat(self, *repeats) -> Tensor:
         """Tile the tensor (PyTorch's ``repeat``, NumPy's ``tile``)."""
         reps = tuple(_shape_arg(repeats))
