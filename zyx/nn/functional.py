@@ -1,10 +1,12 @@
-"""Stateless neural-network functions with PyTorch's names and semantics: losses, normalization, dropout,
-one-hot, activations, linear, embedding, scaled dot-product attention, and (from ``zyx.nn.conv``) convolution and
-pooling."""
+"""Stateless neural-network functions with PyTorch's names and semantics: dropout, one-hot, activations, linear,
+embedding, scaled dot-product attention, layer normalization, and re-exported from their modules: losses
+(``losses``), convolution and pooling (``conv``), group/RMS normalization (``norm``), ``interpolate``
+(``resample``)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -22,6 +24,19 @@ from zyx.nn.conv import (  # noqa: F401 - re-exported: PyTorch keeps them in fun
     max_pool1d,
     max_pool2d,
 )
+from zyx.nn.losses import (  # noqa: F401 - re-exported: PyTorch keeps them in functional
+    binary_cross_entropy,
+    binary_cross_entropy_with_logits,
+    cross_entropy,
+    huber_loss,
+    kl_div,
+    l1_loss,
+    mse_loss,
+    nll_loss,
+    smooth_l1_loss,
+)
+from zyx.nn.norm import cosine_similarity, group_norm, normalize, rms_norm  # noqa: F401 - re-exported
+from zyx.nn.resample import interpolate  # noqa: F401 - re-exported
 from zyx.tensor import Tensor, broadcast_shapes, rand
 
 
@@ -30,37 +45,6 @@ def one_hot(idx: Tensor, num_classes: int, dtype=None) -> Tensor:
         raise TypeError(f"one_hot needs integer class indices, got {idx.dtype.name}")
     classes = Tensor.arange(num_classes, device=idx.device)
     return (idx.unsqueeze(-1) == classes).cast(dtype or dtypes.default_float)
-
-
-def cross_entropy(logits: Tensor, target: Tensor, reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
-    """Cross entropy of ``logits`` (N, C) against integer class ``target`` (N,), like PyTorch's."""
-    if logits.ndim != 2 or target.ndim != 1 or target.shape[0] != logits.shape[0]:
-        raise ValueError(f"cross_entropy: logits must be (N, C) and target (N,), got {logits.shape} and "
-                         f"{target.shape}")
-    logp = logits.log_softmax(-1)
-    c = logits.shape[1]
-    oh = one_hot(target, c, logp.dtype)
-    if label_smoothing:
-        oh = oh * (1 - label_smoothing) + label_smoothing / c
-    losses = -(logp * oh).sum(-1)
-    return _reduce(losses, reduction, "cross_entropy")
-
-
-def mse_loss(pred: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
-    if pred.shape != target.shape:
-        raise ValueError(f"mse_loss: shapes {pred.shape} and {target.shape} differ")
-    d = pred - target
-    return _reduce(d * d, reduction, "mse_loss")
-
-
-def _reduce(x: Tensor, reduction: str, name: str) -> Tensor:
-    if reduction == "mean":
-        return x.mean()
-    if reduction == "sum":
-        return x.sum()
-    if reduction == "none":
-        return x
-    raise ValueError(f"{name}: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
 def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, bias: Tensor | None = None,
@@ -93,6 +77,38 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
 def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     """GELU, exact (``"none"``: x·Φ(x) through erf) or the ``"tanh"`` approximation, as PyTorch's."""
     return x.gelu(approximate)
+
+
+def relu(x: Tensor) -> Tensor:
+    return x.relu()
+
+
+def silu(x: Tensor) -> Tensor:
+    return x.silu()
+
+
+def sigmoid(x: Tensor) -> Tensor:
+    return x.sigmoid()
+
+
+def tanh(x: Tensor) -> Tensor:
+    return x.tanh()
+
+
+def leaky_relu(x: Tensor, negative_slope: float = 0.01) -> Tensor:
+    return x.leaky_relu(negative_slope)
+
+
+def softplus(x: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    return x.softplus(beta, threshold)
+
+
+def pad(x: Tensor, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> Tensor:
+    """PyTorch's ``pad``: flat (left, right, top, bottom, ...) pairs from the last axis, constant ``mode`` only
+    (negative entries crop)."""
+    if mode != "constant":
+        raise NotImplementedError(f"pad: mode {mode!r} is not supported; only 'constant'")
+    return x.pad(tuple(pad), value=0 if value is None else value)
 
 
 def softmax(x: Tensor, dim: int = -1, dtype=None) -> Tensor:

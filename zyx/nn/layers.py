@@ -8,6 +8,8 @@ from zyx.autograd import no_grad
 from zyx.nn import functional as F
 from zyx.nn.conv import output_padding_for
 from zyx.nn.module import Module, Parameter
+from zyx.nn.norm import group_norm, rms_norm
+from zyx.nn.resample import interpolate
 from zyx.tensor import Tensor, rand, randn
 
 
@@ -82,6 +84,102 @@ class GELU(Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return x.gelu(self.approximate)
+
+
+class Identity(Module):
+    def __init__(self, *args, **kwargs) -> None:  # PyTorch's Identity ignores its arguments
+        pass
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x
+
+
+class SiLU(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return x.silu()
+
+
+class Sigmoid(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return x.sigmoid()
+
+
+class Tanh(Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return x.tanh()
+
+
+class LeakyReLU(Module):
+    def __init__(self, negative_slope: float = 0.01) -> None:
+        self.negative_slope = negative_slope
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.leaky_relu(self.negative_slope)
+
+
+class Softplus(Module):
+    def __init__(self, beta: float = 1.0, threshold: float = 20.0) -> None:
+        self.beta, self.threshold = beta, threshold
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.softplus(self.beta, self.threshold)
+
+
+class Softmax(Module):
+    def __init__(self, dim: int = -1) -> None:
+        self.dim = dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.softmax(self.dim)
+
+
+class LogSoftmax(Module):
+    def __init__(self, dim: int = -1) -> None:
+        self.dim = dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.log_softmax(self.dim)
+
+
+class GroupNorm(Module):
+    """PyTorch's ``GroupNorm``: ``weight`` ones and ``bias`` zeros (num_channels,) when ``affine``."""
+
+    def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True,
+                 device: str | None = None) -> None:
+        if num_groups < 1 or num_channels % num_groups:
+            raise ValueError(f"GroupNorm: num_channels {num_channels} must be divisible by num_groups {num_groups}")
+        self.num_groups, self.num_channels, self.eps = num_groups, num_channels, eps
+        self.weight = Parameter(Tensor.ones((num_channels,), device=device)) if affine else None
+        self.bias = Parameter(Tensor.zeros((num_channels,), device=device)) if affine else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+
+
+class RMSNorm(Module):
+    """PyTorch's ``RMSNorm``: ``weight`` ones of ``normalized_shape`` when ``elementwise_affine``."""
+
+    def __init__(self, normalized_shape, eps: float | None = None, elementwise_affine: bool = True,
+                 device: str | None = None) -> None:
+        self.normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        self.eps = eps
+        self.weight = Parameter(Tensor.ones(self.normalized_shape, device=device)) if elementwise_affine else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+
+class Upsample(Module):
+    """PyTorch's ``Upsample`` (``F.interpolate`` with the same arguments)."""
+
+    def __init__(self, size=None, scale_factor=None, mode: str = "nearest", align_corners: bool | None = None,
+                 recompute_scale_factor: bool | None = None) -> None:
+        self.size, self.scale_factor, self.mode = size, scale_factor, mode
+        self.align_corners, self.recompute_scale_factor = align_corners, recompute_scale_factor
+
+    def forward(self, x: Tensor) -> Tensor:
+        return interpolate(x, self.size, self.scale_factor, self.mode, self.align_corners,
+                           self.recompute_scale_factor)
 
 
 class _ConvNd(Module):
@@ -283,6 +381,85 @@ class Sequential(Module):
 
     def __len__(self) -> int:
         return len(self._layers)
+
+
+class ModuleList(Module):
+    """PyTorch's ``ModuleList``: submodules named by position ("0.weight", ...)."""
+
+    def __init__(self, modules=()) -> None:
+        self._layers = list(modules)
+
+    def append(self, module: Module) -> ModuleList:
+        self._layers.append(module)
+        return self
+
+    def extend(self, modules) -> ModuleList:
+        self._layers.extend(modules)
+        return self
+
+    def insert(self, index: int, module: Module) -> None:
+        self._layers.insert(index, module)
+
+    def __getitem__(self, i):
+        return ModuleList(self._layers[i]) if isinstance(i, slice) else self._layers[i]
+
+    def __setitem__(self, i: int, module: Module) -> None:
+        self._layers[i] = module
+
+    def __len__(self) -> int:
+        return len(self._layers)
+
+    def __iter__(self):
+        return iter(self._layers)
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError("ModuleList has no forward(); iterate over it")
+
+
+class ModuleDict(Module):
+    """PyTorch's ``ModuleDict``: submodules named by key ("encoder.weight", ...), in insertion order."""
+
+    def __init__(self, modules=None) -> None:
+        self._modules: dict[str, Module] = dict(modules or {})
+
+    def _children(self):
+        yield from self._modules.items()
+        for name, value in super()._children():
+            if name != "_modules":
+                yield name, value
+
+    def __getitem__(self, key: str) -> Module:
+        return self._modules[key]
+
+    def __setitem__(self, key: str, module: Module) -> None:
+        self._modules[key] = module
+
+    def __delitem__(self, key: str) -> None:
+        del self._modules[key]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._modules
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules)
+
+    def keys(self):
+        return self._modules.keys()
+
+    def values(self):
+        return self._modules.values()
+
+    def items(self):
+        return self._modules.items()
+
+    def update(self, modules) -> None:
+        self._modules.update(modules)
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError("ModuleDict has no forward(); index it by name")
 
 
 class MultiheadAttention(Module):

@@ -1,0 +1,141 @@
+"""Group/RMS normalization, normalize, cosine_similarity, interpolate and the small layers (activations,
+containers, Upsample) against PyTorch: values and float64 gradients on every device."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import zyx
+from zyx import nn
+from zyx.nn import functional as F
+
+torch = pytest.importorskip("torch")
+TF = torch.nn.functional
+
+
+def _matches_torch(fz, ft, arrays, device: str, rtol: float = 1e-10) -> None:
+    """Values and every input's gradient of sum(f(...) * w), float64, against PyTorch."""
+    zs = [zyx.Tensor(a, device=device, requires_grad=True) for a in arrays]
+    ts = [torch.tensor(a, requires_grad=True) for a in arrays]
+    out_z, out_t = fz(*zs), ft(*ts)
+    assert out_z.shape == tuple(out_t.shape)
+    w = np.random.default_rng(3).standard_normal(tuple(out_t.shape))
+    (out_z * zyx.Tensor(w, device=device)).sum().backward()
+    (out_t * torch.tensor(w)).sum().backward()
+    np.testing.assert_allclose(out_z.numpy(), out_t.detach().numpy(), rtol=rtol, atol=1e-12)
+    for z, t in zip(zs, ts):
+        np.testing.assert_allclose(z.grad.numpy(), t.grad.numpy(), rtol=rtol, atol=1e-12)
+
+
+_rng = np.random.default_rng(0)
+X = _rng.standard_normal((2, 6, 5, 7))
+X3 = _rng.standard_normal((2, 3, 9))
+X5 = _rng.standard_normal((1, 2, 3, 4, 5))
+C6 = _rng.standard_normal(6)
+
+CASES = {
+    "group_norm affine": (lambda x, w, b: F.group_norm(x, 3, w, b), lambda x, w, b: TF.group_norm(x, 3, w, b),
+                          (X, C6, _rng.standard_normal(6))),
+    "group_norm one group, eps": (lambda x: F.group_norm(x, 1, eps=1e-3), lambda x: TF.group_norm(x, 1, eps=1e-3),
+                                  (X3[:, :2],)),
+    "rms_norm weight": (lambda x, w: F.rms_norm(x, (5, 7), w), lambda x, w: TF.rms_norm(x, (5, 7), w),
+                        (X, _rng.standard_normal((5, 7)))),
+    "rms_norm default eps": (lambda x: F.rms_norm(x, 9), lambda x: TF.rms_norm(x, (9,)), (X3,)),
+    "normalize": (lambda x: F.normalize(x), lambda x: TF.normalize(x), (X,)),
+    "normalize p 1 dim -1": (lambda x: F.normalize(x, 1, -1), lambda x: TF.normalize(x, 1, -1), (X3,)),
+    "cosine_similarity broadcast": (lambda a, b: F.cosine_similarity(a, b), lambda a, b: TF.cosine_similarity(a, b),
+                                    (X, _rng.standard_normal((2, 6, 1, 7)))),
+    "nearest size": (lambda x: F.interpolate(x, size=(10, 3)), lambda x: TF.interpolate(x, size=(10, 3)), (X,)),
+    "nearest scale": (lambda x: F.interpolate(x, scale_factor=1.7), lambda x: TF.interpolate(x, scale_factor=1.7),
+                      (X,)),
+    "nearest-exact": (lambda x: F.interpolate(x, scale_factor=(0.5, 2.5), mode="nearest-exact"),
+                      lambda x: TF.interpolate(x, scale_factor=(0.5, 2.5), mode="nearest-exact"), (X,)),
+    "nearest 1d": (lambda x: F.interpolate(x, size=4), lambda x: TF.interpolate(x, size=4), (X3,)),
+    "bilinear": (lambda x: F.interpolate(x, size=(10, 13), mode="bilinear"),
+                 lambda x: TF.interpolate(x, size=(10, 13), mode="bilinear"), (X,)),
+    "bilinear align_corners": (lambda x: F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True),
+                               lambda x: TF.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True), (X,)),
+    "bilinear down, recompute": (
+        lambda x: F.interpolate(x, scale_factor=0.6, mode="bilinear", recompute_scale_factor=True),
+        lambda x: TF.interpolate(x, scale_factor=0.6, mode="bilinear", recompute_scale_factor=True), (X,)),
+    "linear": (lambda x: F.interpolate(x, size=13, mode="linear"),
+               lambda x: TF.interpolate(x, size=13, mode="linear"), (X3,)),
+    "trilinear": (lambda x: F.interpolate(x, scale_factor=2, mode="trilinear"),
+                  lambda x: TF.interpolate(x, scale_factor=2, mode="trilinear"), (X5,)),
+    "pad, crop": (lambda x: F.pad(x, (1, 2, -1, 0), value=0.5), lambda x: TF.pad(x, (1, 2, -1, 0), value=0.5), (X,)),
+    "activations": (lambda x: F.softplus(F.leaky_relu(F.tanh(F.sigmoid(F.silu(F.relu(x) - 0.3))), 0.2), 2.0),
+                    lambda x: TF.softplus(TF.leaky_relu(torch.tanh(torch.sigmoid(TF.silu(TF.relu(x) - 0.3))), 0.2),
+                                          2.0), (X,)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_functions_match_torch(device, case):
+    fz, ft, arrays = CASES[case]
+    _matches_torch(fz, ft, arrays, device)
+
+
+def test_float32_bilinear_is_pytorchs_within_rounding_and_nearest_exactly(device):
+    x = X.astype(np.float32)
+    got = F.interpolate(zyx.Tensor(x, device=device), scale_factor=1.5, mode="bilinear").numpy()
+    np.testing.assert_allclose(got, TF.interpolate(torch.tensor(x), scale_factor=1.5, mode="bilinear").numpy(),
+                               rtol=0, atol=1e-6)
+    got = F.interpolate(zyx.Tensor(x, device=device), size=(11, 4)).numpy()
+    np.testing.assert_array_equal(got, TF.interpolate(torch.tensor(x), size=(11, 4)).numpy())
+
+
+@pytest.mark.parametrize("layer, shape", [
+    (lambda m: m.GroupNorm(2, 6), (2, 6, 5)),
+    (lambda m: m.GroupNorm(3, 6, affine=False), (2, 6, 3, 4)),
+    (lambda m: m.RMSNorm(7), (2, 6, 5, 7)),
+    (lambda m: m.RMSNorm((5, 7), eps=1e-4, elementwise_affine=False), (2, 6, 5, 7)),
+    (lambda m: m.Upsample(scale_factor=2, mode="bilinear"), (2, 6, 5, 7)),
+    (lambda m: m.Upsample(size=(3, 9)), (2, 6, 5, 7)),
+    (lambda m: m.Sequential(m.Identity(7, unused=True), m.SiLU(), m.Sigmoid(), m.Tanh()), (2, 7)),
+    (lambda m: m.Sequential(m.LeakyReLU(0.2), m.Softplus(2.0, 3.0), m.Softmax(1)), (3, 7)),
+    (lambda m: m.LogSoftmax(0), (3, 7)),
+])
+def test_layers_match_torch_with_copied_parameters(device, layer, shape):
+    z, t = layer(nn), layer(torch.nn).double()
+    noise = np.random.default_rng(2)  # weights other than the initial ones/zeros, float32 values (zyx's parameters)
+    state = {k: (v.detach().numpy() + noise.standard_normal(v.shape)).astype(np.float32).astype(np.float64)
+             for k, v in t.state_dict().items()}
+    t.load_state_dict({k: torch.tensor(v) for k, v in state.items()})
+    assert sorted(z.state_dict()) == sorted(state)
+    z.load_state_dict(state)
+    z.to(device)
+    x = np.random.default_rng(1).standard_normal(shape)
+    np.testing.assert_allclose(z(zyx.Tensor(x, device=device)).numpy(), t(torch.tensor(x)).detach().numpy(),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_containers_name_parameters_as_pytorch():
+    def build(m):
+        return m.ModuleDict({"enc": m.ModuleList([m.Linear(2, 3), m.GroupNorm(1, 3)]), "head": m.Linear(3, 1)})
+
+    z, t = build(nn), build(torch.nn)
+    assert list(z.state_dict()) == list(t.state_dict())
+    assert len(z.parameters()) == 6 and len(z["enc"]) == 2 and "head" in z and list(z) == ["enc", "head"]
+    z["enc"].append(nn.Linear(3, 3))
+    assert [n for n, _ in z.named_parameters()][4:6] == ["enc.2.weight", "enc.2.bias"]
+    assert len(z["enc"][1:]) == 2
+
+
+def test_errors_name_the_problem():
+    x = zyx.Tensor(np.zeros((2, 6, 5, 7)))
+    with pytest.raises(ValueError, match=r"group_norm: input of shape \(2, 6, 5, 7\) needs .* divisible by "
+                                         r"num_groups 4"):
+        F.group_norm(x, 4)
+    with pytest.raises(ValueError, match=r"rms_norm: input shape \(2, 6, 5, 7\) does not end with \(5,\)"):
+        F.rms_norm(x, 5)
+    with pytest.raises(NotImplementedError, match="mode 'bicubic' is not supported"):
+        F.interpolate(x, scale_factor=2, mode="bicubic")
+    with pytest.raises(ValueError, match="mode 'trilinear' needs an input of rank 5"):
+        F.interpolate(x, scale_factor=2, mode="trilinear")
+    with pytest.raises(ValueError, match="give exactly one of size and scale_factor"):
+        F.interpolate(x)
+    with pytest.raises(ValueError, match="align_corners only applies to the linear modes"):
+        F.interpolate(x, scale_factor=2, align_corners=True)
+    with pytest.raises(NotImplementedError, match="pad: mode 'reflect' is not supported"):
+        F.pad(x, (1, 1), mode="reflect")

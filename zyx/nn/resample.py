@@ -1,0 +1,90 @@
+"""``interpolate`` (PyTorch's ``F.interpolate`` / ``nn.Upsample``): nearest, nearest-exact and (bi/tri)linear
+resampling of the spatial axes of (N, C, *spatial), one axis at a time.
+
+Source positions are computed in the graph from an iota with PyTorch's arithmetic (float32 for float32 and 16-bit
+inputs, float64 for float64), so nearest modes pick PyTorch's elements exactly and linear modes use its source
+positions and weights; each axis is a gather of one or two source rows (``index_select``, differentiable), blended
+by its weights (a blend may differ from PyTorch's in the last bit: the order of its operations differs).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from zyx import dtypes
+from zyx.tensor import Tensor
+
+_MODES = {"nearest": None, "nearest-exact": None, "linear": 1, "bilinear": 2, "trilinear": 3}
+
+
+def interpolate(input: Tensor, size=None, scale_factor=None, mode: str = "nearest", align_corners: bool | None = None,
+                recompute_scale_factor: bool | None = None) -> Tensor:
+    """PyTorch's ``interpolate`` for ``mode`` nearest, nearest-exact, linear, bilinear, trilinear."""
+    if mode not in _MODES:
+        raise NotImplementedError(f"interpolate: mode {mode!r} is not supported; use one of {sorted(_MODES)}")
+    nd = input.ndim - 2
+    if nd < 1 or (_MODES[mode] is not None and _MODES[mode] != nd):
+        raise ValueError(f"interpolate: mode {mode!r} needs an input of rank {(_MODES[mode] or 1) + 2}"
+                         f"{'' if _MODES[mode] else ' or more'}, got shape {input.shape}")
+    if _MODES[mode] is None and align_corners is not None:
+        raise ValueError("interpolate: align_corners only applies to the linear modes")
+    if (size is None) == (scale_factor is None):
+        raise ValueError("interpolate: give exactly one of size and scale_factor")
+    spatial = input.shape[2:]
+    if size is not None:
+        out = _per_axis(size, nd, "size")
+        scales: list[float | None] = [None] * nd
+    else:
+        factors = _per_axis(scale_factor, nd, "scale_factor")
+        out = tuple(math.floor(n * f) for n, f in zip(spatial, factors))
+        scales = [None if recompute_scale_factor else float(f) for f in factors]
+    if any(o < 1 for o in out):
+        raise ValueError(f"interpolate: output size {out} from input shape {input.shape} is empty")
+    x = input if input.dtype.is_float else input.cast(dtypes.default_float)
+    math_dtype = dtypes.float64 if x.dtype is dtypes.float64 else dtypes.float32
+    for i in reversed(range(nd)):
+        axis, n, o = 2 + i, spatial[i], out[i]
+        if mode.startswith("nearest"):
+            x = x.index_select(axis, _nearest_index(n, o, scales[i], mode == "nearest-exact", math_dtype, x.device))
+        else:
+            x = _linear(x, axis, n, o, scales[i], bool(align_corners), math_dtype)
+    return x
+
+
+def _per_axis(v, nd: int, name: str) -> tuple:
+    t = tuple(v) if isinstance(v, Sequence) else (v,) * nd
+    if len(t) != nd:
+        raise ValueError(f"interpolate: {name} needs {nd} values for {nd} spatial axes, got {v!r}")
+    return t
+
+
+def _scale(n: int, o: int, scale: float | None, align_corners: bool) -> float:
+    """PyTorch's ``area_pixel_compute_scale``: output-to-input position ratio."""
+    if align_corners:
+        return (n - 1) / (o - 1) if o > 1 else 0.0
+    return 1.0 / scale if scale is not None and scale > 0 else n / o
+
+
+def _positions(o: int, math_dtype, device: str) -> Tensor:
+    return Tensor.arange(o, device=device).cast(math_dtype)
+
+
+def _nearest_index(n: int, o: int, scale: float | None, exact: bool, math_dtype, device: str) -> Tensor:
+    s = _scale(n, o, scale, False)
+    pos = _positions(o, math_dtype, device)
+    src = ((pos + 0.5) * s if exact else pos * s).floor().cast(dtypes.int64)
+    return src.minimum(n - 1)
+
+
+def _linear(x: Tensor, axis: int, n: int, o: int, scale: float | None, align_corners: bool, math_dtype) -> Tensor:
+    s = _scale(n, o, scale, align_corners)
+    pos = _positions(o, math_dtype, x.device)
+    src = pos * s if align_corners else ((pos + 0.5) * s - 0.5).maximum(0.0)
+    i0 = src.cast(dtypes.int64)  # truncation: src >= 0
+    i1 = (i0 + 1).minimum(n - 1)
+    lam1 = src - i0.cast(math_dtype)
+    lam0 = 1.0 - lam1
+    shape = tuple(o if d == axis else 1 for d in range(x.ndim))
+    lam0, lam1 = lam0.cast(x.dtype).reshape(shape), lam1.cast(x.dtype).reshape(shape)
+    return lam0 * x.index_select(axis, i0) + lam1 * x.index_select(axis, i1)
