@@ -162,11 +162,13 @@ class SmoothBuilder(Builder):
     # ---- zyx.nn.functional --------------------------------------------------------------------------------------
     def g_nn(self) -> bool:
         op = self.draw(st.sampled_from(("attention", "attention", "layer_norm", "gelu", "silu", "softplus",
-                                        "leaky_relu", "conv", "conv", "pool")))
+                                        "leaky_relu", "conv", "conv", "pool", "conv_transpose")))
         if op == "attention":
             return self._attention()
         if op in ("conv", "pool"):
             return self._conv_or_pool(op)
+        if op == "conv_transpose":
+            return self._conv_transpose()
         a = self.pick(lambda v: _is_float(v.arr) and v.arr.ndim >= (1 if op == "layer_norm" else 0))
         if a is None:
             return False
@@ -174,6 +176,9 @@ class SmoothBuilder(Builder):
         if op == "layer_norm":
             k = self.draw(st.integers(1, min(2, x.ndim)))
             shape = x.shape[x.ndim - k:]
+            if x.size and np.min(x.astype(np.float64).var(tuple(range(x.ndim - k, x.ndim)))) <= 0.01:
+                # near a constant row the result bends on the scale of sqrt(var + eps): finite differences fail
+                raise Rejected("layer_norm: a row near constant")
             if self.draw(st.booleans()):
                 w, b = self.new_input(shape, self.FLOAT, "data"), self.new_input(shape, self.FLOAT, "data")
                 self.emit(f"{_NN}.layer_norm({{0}}, {shape!r}, {{1}}, {{2}})", (a, w, b),
@@ -225,6 +230,38 @@ class SmoothBuilder(Builder):
             self.emit(f"{_NN}.conv{nd}d({{0}}, {{1}}, {args})", (a, w),
                       lambda y, ww: conv_ref(y, ww, None, stride, padding, dilation, groups), exact=False,
                       ops=("conv",))
+        return True
+
+    def _conv_transpose(self) -> bool:
+        """conv_transpose1d/2d (stride, padding, output_padding, dilation, groups, bias) of a float value of rank 3
+        or 4, against ``conv_transpose_ref`` (a scatter-add, independent of zyx's GEMM and col2im)."""
+        a = self.pick(lambda v: _is_float(v.arr) and v.arr.ndim in (3, 4) and 0 not in v.arr.shape)
+        if a is None:
+            return False
+        x = self.vals[a].arr
+        nd, c = x.ndim - 2, x.shape[1]
+        kernel = tuple(self.draw(st.integers(1, 3)) for _ in range(nd))
+        stride = tuple(self.draw(st.integers(1, 3)) for _ in range(nd))
+        dilation = tuple(self.draw(st.integers(1, 2)) for _ in range(nd))
+        output_padding = tuple(self.draw(st.integers(0, max(s, d) - 1)) for s, d in zip(stride, dilation))
+        padding = tuple(self.draw(st.integers(0, d * (k - 1))) for k, d in zip(kernel, dilation))
+        if any((n - 1) * s - 2 * p + d * (k - 1) + op + 1 < 1
+               for n, s, p, d, k, op in zip(x.shape[2:], stride, padding, dilation, kernel, output_padding)):
+            return False
+        groups = self.draw(st.sampled_from([g for g in (1, 2, c) if c % g == 0]))
+        w = self.new_input((c, self.draw(st.integers(1, 2)), *kernel), self.FLOAT, "data")
+        args = (f"stride={stride!r}, padding={padding!r}, output_padding={output_padding!r}, groups={groups}, "
+                f"dilation={dilation!r}")
+        geometry = (stride, padding, output_padding, dilation, groups)
+        if self.draw(st.booleans()):
+            b = self.new_input((self.vals[w].arr.shape[1] * groups,), self.FLOAT, "data")
+            self.emit(f"{_NN}.conv_transpose{nd}d({{0}}, {{1}}, {{2}}, {args})", (a, w, b),
+                      lambda y, ww, bb: conv_transpose_ref(y, ww, bb, *geometry), exact=False,
+                      ops=("conv_transpose",))
+        else:
+            self.emit(f"{_NN}.conv_transpose{nd}d({{0}}, {{1}}, {args})", (a, w),
+                      lambda y, ww: conv_transpose_ref(y, ww, None, *geometry), exact=False,
+                      ops=("conv_transpose",))
         return True
 
     def _attention(self) -> bool:
@@ -340,6 +377,30 @@ def conv_ref(x: np.ndarray, w: np.ndarray | None, b: np.ndarray | None, stride, 
             result[:, gi * og:(gi + 1) * og] += np.einsum("nc...,oc->no...", window[:, gi * cg:(gi + 1) * cg], taps)
     if b is not None:
         result += b.astype(np.float64).reshape((o,) + (1,) * nd)
+    return result.astype(x.dtype)
+
+
+def conv_transpose_ref(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, stride, padding, output_padding,
+                       dilation, groups: int) -> np.ndarray:
+    """PyTorch's transposed convolution of (N, C, *spatial) ``x`` by (C, O / groups, *kernel) ``w`` plus ``b``, in
+    float64: every input element times every tap, added at ``i * stride + j * dilation - padding``."""
+    nd = x.ndim - 2
+    n, c = x.shape[:2]
+    og, kernel, spatial = w.shape[1], w.shape[2:], x.shape[2:]
+    cg = c // groups
+    out = [(m - 1) * s - 2 * p + d * (k - 1) + op + 1
+           for m, s, p, d, k, op in zip(spatial, stride, padding, dilation, kernel, output_padding)]
+    full = np.zeros((n, og * groups, *[(m - 1) * s + d * (k - 1) + 1 + op
+                                       for m, s, d, k, op in zip(spatial, stride, dilation, kernel, output_padding)]))
+    for off in np.ndindex(*kernel):
+        at = tuple(slice(j * d, j * d + (m - 1) * s + 1, s) for j, d, m, s in zip(off, dilation, spatial, stride))
+        for gi in range(groups):
+            taps = w[(slice(gi * cg, (gi + 1) * cg), slice(None), *off)].astype(np.float64)  # (cg, og)
+            full[(slice(None), slice(gi * og, (gi + 1) * og), *at)] += np.einsum(
+                "nc...,co->no...", x[:, gi * cg:(gi + 1) * cg].astype(np.float64), taps)
+    result = full[(slice(None), slice(None), *(slice(p, p + o) for p, o in zip(padding, out)))]
+    if b is not None:
+        result = result + b.astype(np.float64).reshape((og * groups,) + (1,) * nd)
     return result.astype(x.dtype)
 
 
