@@ -9,6 +9,7 @@ import re
 
 import numpy as np
 import pytest
+from torch_parity import layer_matches_torch, matches_torch
 
 import zyx
 from zyx import nn
@@ -16,20 +17,6 @@ from zyx.nn import functional as F
 
 torch = pytest.importorskip("torch")
 TF = torch.nn.functional
-
-
-def _matches_torch(fz, ft, arrays, device: str, seed: int = 0) -> None:
-    """Values and every input's gradient of sum(f(...) * w), float64, against PyTorch."""
-    zs = [zyx.Tensor(a, device=device, requires_grad=True) for a in arrays]
-    ts = [torch.tensor(a, requires_grad=True) for a in arrays]
-    out_z, out_t = fz(*zs), ft(*ts)
-    assert out_z.shape == tuple(out_t.shape)
-    w = np.random.default_rng(seed).standard_normal(tuple(out_t.shape))
-    (out_z * zyx.Tensor(w, device=device)).sum().backward()
-    (out_t * torch.tensor(w)).sum().backward()
-    np.testing.assert_allclose(out_z.numpy(), out_t.detach().numpy(), rtol=1e-10, atol=1e-12)
-    for z, t in zip(zs, ts):
-        np.testing.assert_allclose(z.grad.numpy(), t.grad.numpy(), rtol=1e-10, atol=1e-12)
 
 
 _rng = np.random.default_rng(0)
@@ -120,7 +107,7 @@ CONV_CASES = {
 @pytest.mark.parametrize("case", list(CONV_CASES))
 def test_conv_and_pool_match_torch(device, case):
     fz, ft, arrays = CONV_CASES[case]
-    _matches_torch(fz, ft, arrays, device)
+    matches_torch(fz, ft, arrays, device)
 
 
 def test_conv2d_is_im2col_and_one_gemm_and_a_pool_one_kernel():
@@ -158,14 +145,7 @@ def test_weight_gradient_of_a_sum_loss_is_not_a_materialized_product():
     (lambda m: m.MaxPool2d(3, 2, ceil_mode=True), (2, 3, 8, 8)),
 ])
 def test_layers_match_torch_with_copied_parameters(device, layer, shape):
-    z, t = layer(nn), layer(torch.nn).double()
-    state = {k: v.detach().numpy() for k, v in t.state_dict().items()}
-    assert sorted(z.state_dict()) == sorted(state)
-    z.load_state_dict(state)
-    z.to(device)
-    x = np.random.default_rng(1).standard_normal(shape)
-    np.testing.assert_allclose(z(zyx.Tensor(x, device=device)).numpy(), t(torch.tensor(x)).detach().numpy(),
-                               rtol=1e-12, atol=1e-12)
+    layer_matches_torch(layer(nn), layer(torch.nn).double(), shape, device)
 
 
 @pytest.mark.parametrize("shape", [(4, 3, 5, 6), (8, 3), (8, 3, 7)])
@@ -181,7 +161,7 @@ def test_batch_norm_matches_torch_in_training_and_evaluation(device, shape):
         t.bias.copy_(torch.tensor(z.bias.numpy()))
     for _ in range(3):
         x = rng.standard_normal(shape) * 2 + 1
-        _matches_torch(lambda v: z(v), lambda v: t(v), [x], device)
+        matches_torch(lambda v: z(v), lambda v: t(v), [x], device)
     # zyx keeps the running statistics in float32 (the default float), PyTorch's .double() in float64
     np.testing.assert_allclose(z.running_mean.numpy(), t.running_mean.numpy(), rtol=1e-6)
     np.testing.assert_allclose(z.running_var.numpy(), t.running_var.numpy(), rtol=1e-6)

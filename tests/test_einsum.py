@@ -6,24 +6,11 @@ import math
 
 import numpy as np
 import pytest
+from torch_parity import matches_torch
 
 import zyx
 
 torch = pytest.importorskip("torch")
-
-
-def _matches_torch(fz, ft, arrays, device: str) -> None:
-    """Values and every input's gradient of sum(f(...) * w), float64, against PyTorch."""
-    zs = [zyx.Tensor(a, device=device, requires_grad=True) for a in arrays]
-    ts = [torch.tensor(a, requires_grad=True) for a in arrays]
-    out_z, out_t = fz(*zs), ft(*ts)
-    assert out_z.shape == tuple(out_t.shape)
-    w = np.random.default_rng(5).standard_normal(tuple(out_t.shape))
-    (out_z * zyx.Tensor(w, device=device)).sum().backward()
-    (out_t * torch.tensor(w)).sum().backward()
-    np.testing.assert_allclose(out_z.numpy(), out_t.detach().numpy(), rtol=1e-10, atol=1e-12)
-    for z, t in zip(zs, ts):
-        np.testing.assert_allclose(z.grad.numpy(), t.grad.numpy(), rtol=1e-10, atol=1e-12)
 
 
 _rng = np.random.default_rng(0)
@@ -46,9 +33,9 @@ EINSUM_CASES = [
 
 
 @pytest.mark.parametrize("case", EINSUM_CASES, ids=[c[0] for c in EINSUM_CASES])
-def test_einsum_matches_torch(device, case):
+def test_einsummatches_torch(device, case):
     eq, *arrays = case
-    _matches_torch(lambda *xs: zyx.einsum(eq, *xs), lambda *ts: torch.einsum(eq, *ts), arrays, device)
+    matches_torch(lambda *xs: zyx.einsum(eq, *xs), lambda *ts: torch.einsum(eq, *ts), arrays, device)
 
 
 def test_einsum_contractions_are_library_gemms():
@@ -93,7 +80,7 @@ X = _r(3, 4, 5)
     ("norm 0.5", lambda x: x.norm(0.5), lambda x: x.norm(0.5)),
 ])
 def test_matrix_helpers_match_torch(device, name, fz, ft):
-    _matches_torch(fz, ft, [X], device)
+    matches_torch(fz, ft, [X], device)
 
 
 def test_norm_of_zero_vectors_has_a_zero_gradient_and_counts_nonzeros(device):
@@ -105,7 +92,7 @@ def test_norm_of_zero_vectors_has_a_zero_gradient_and_counts_nonzeros(device):
 
 def test_outer_and_the_errors(device):
     a, b = _r(3), _r(4)
-    _matches_torch(lambda x, y: x.outer(y), lambda x, y: torch.outer(x, y), [a, b], device)
+    matches_torch(lambda x, y: x.outer(y), lambda x, y: torch.outer(x, y), [a, b], device)
     with pytest.raises(ValueError, match=r"outer: needs two 1-D tensors, got shapes \(3, 4, 5\) and \(4,\)"):
         zyx.Tensor(X).outer(zyx.Tensor(b))
     with pytest.raises(ValueError, match=r"tril: needs at least 2 dimensions, got shape \(3,\)"):

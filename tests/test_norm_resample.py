@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from torch_parity import layer_matches_torch, matches_torch
 
 import zyx
 from zyx import nn
@@ -12,20 +13,6 @@ from zyx.nn import functional as F
 
 torch = pytest.importorskip("torch")
 TF = torch.nn.functional
-
-
-def _matches_torch(fz, ft, arrays, device: str, rtol: float = 1e-10) -> None:
-    """Values and every input's gradient of sum(f(...) * w), float64, against PyTorch."""
-    zs = [zyx.Tensor(a, device=device, requires_grad=True) for a in arrays]
-    ts = [torch.tensor(a, requires_grad=True) for a in arrays]
-    out_z, out_t = fz(*zs), ft(*ts)
-    assert out_z.shape == tuple(out_t.shape)
-    w = np.random.default_rng(3).standard_normal(tuple(out_t.shape))
-    (out_z * zyx.Tensor(w, device=device)).sum().backward()
-    (out_t * torch.tensor(w)).sum().backward()
-    np.testing.assert_allclose(out_z.numpy(), out_t.detach().numpy(), rtol=rtol, atol=1e-12)
-    for z, t in zip(zs, ts):
-        np.testing.assert_allclose(z.grad.numpy(), t.grad.numpy(), rtol=rtol, atol=1e-12)
 
 
 _rng = np.random.default_rng(0)
@@ -73,7 +60,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_functions_match_torch(device, case):
     fz, ft, arrays = CASES[case]
-    _matches_torch(fz, ft, arrays, device)
+    matches_torch(fz, ft, arrays, device)
 
 
 def test_float32_bilinear_is_pytorchs_within_rounding_and_nearest_exactly(device):
@@ -97,17 +84,7 @@ def test_float32_bilinear_is_pytorchs_within_rounding_and_nearest_exactly(device
     (lambda m: m.LogSoftmax(0), (3, 7)),
 ])
 def test_layers_match_torch_with_copied_parameters(device, layer, shape):
-    z, t = layer(nn), layer(torch.nn).double()
-    noise = np.random.default_rng(2)  # weights other than the initial ones/zeros, float32 values (zyx's parameters)
-    state = {k: (v.detach().numpy() + noise.standard_normal(v.shape)).astype(np.float32).astype(np.float64)
-             for k, v in t.state_dict().items()}
-    t.load_state_dict({k: torch.tensor(v) for k, v in state.items()})
-    assert sorted(z.state_dict()) == sorted(state)
-    z.load_state_dict(state)
-    z.to(device)
-    x = np.random.default_rng(1).standard_normal(shape)
-    np.testing.assert_allclose(z(zyx.Tensor(x, device=device)).numpy(), t(torch.tensor(x)).detach().numpy(),
-                               rtol=1e-12, atol=1e-12)
+    layer_matches_torch(layer(nn), layer(torch.nn).double(), shape, device, perturb=True)
 
 
 def test_containers_name_parameters_as_pytorch():

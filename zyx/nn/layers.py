@@ -258,13 +258,20 @@ class ConvTranspose3d(_ConvTransposeNd):
     nd = 3
 
 
-class MaxPool1d(Module):
+class _MaxPoolNd(Module):
+    nd = 0
+
     def __init__(self, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False) -> None:
         self.kernel_size, self.stride, self.padding, self.dilation = kernel_size, stride, padding, dilation
         self.ceil_mode = ceil_mode
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.max_pool1d(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+        pool = (F.max_pool1d, F.max_pool2d)[self.nd - 1]
+        return pool(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+
+
+class MaxPool1d(_MaxPoolNd):
+    nd = 1
 
 
 class AvgPool1d(Module):
@@ -277,13 +284,8 @@ class AvgPool1d(Module):
         return F.avg_pool1d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad)
 
 
-class MaxPool2d(Module):
-    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False) -> None:
-        self.kernel_size, self.stride, self.padding, self.dilation = kernel_size, stride, padding, dilation
-        self.ceil_mode = ceil_mode
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+class MaxPool2d(_MaxPoolNd):
+    nd = 2
 
 
 class AvgPool2d(Module):
