@@ -112,6 +112,14 @@ def test_integer_tensor_indexing(device, a, index):
     assert_close(x[conv], a[index])
 
 
+def test_an_empty_list_index_selects_nothing_as_numpy(device, a):
+    x = zyx.Tensor(a, device=device)
+    assert_close(x[[]], a[[]])  # shape (0, 4, 5): NumPy reads [] as integers (a float array index raises)
+    assert_close(x[:, []], a[:, []])
+    x[[]] = 7.0
+    assert_close(x, a)
+
+
 def test_lazy_index_tensor(device, a):
     x = zyx.Tensor(a, device=device)
     idx = zyx.arange(3, device=device) * 2 - 1  # [-1, 1, 3]: negative wraps

@@ -1524,6 +1524,8 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
 
 
 def _index_tensor(idx, x: Tensor, axis: int) -> Tensor:
+    if isinstance(idx, (list, tuple)) and len(idx) == 0:
+        idx = np.zeros(0, np.int64)  # an empty list selects nothing (NumPy reads it as integers, not floats)
     t = idx if isinstance(idx, Tensor) else Tensor(np.asarray(idx), device=x.device)
     if t.dtype.kind == "b":
         raise IndexError("boolean mask indexing is not supported (its result shape depends on the data); "
