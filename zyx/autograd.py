@@ -609,7 +609,7 @@ def overlap_add_graph(x: Class, axis: int, stride: int, dilation: int, n: int) -
     position ``i * stride + j * dilation`` (k strided placements, summed). With ``n = (o - 1) * stride +
     dilation * (kernel - 1) + 1`` the windows of the result have ``o`` positions again."""
     if stride > 1:
-        return _overlap_add_gathered(x, axis, stride, dilation, n)
+        return _overlap_add_phased(x, axis, stride, dilation, n)
     shape, total = x.shape, None  # k placements, each a pad
     for j in range(shape[axis + 1]):
         pick = tuple((j, j + 1, 1) if i == axis + 1 else (0, s, 1) for i, s in enumerate(shape))
@@ -619,28 +619,44 @@ def overlap_add_graph(x: Class, axis: int, stride: int, dilation: int, n: int) -
     return total
 
 
-def _overlap_add_gathered(x: Class, axis: int, stride: int, dilation: int, n: int) -> Class:
-    """``overlap_add_graph`` as a gather: output position t sums ``x[(t - j * dilation) / stride, j]`` over the
-    ``j`` that divide evenly and land inside (index arithmetic per element; placing strided slices instead would
-    interleave zeros by reshapes, whose index math costs divisions by every padded extent)."""
+def _overlap_add_phased(x: Class, axis: int, stride: int, dilation: int, n: int) -> Class:
+    """``overlap_add_graph`` for ``stride > 1`` by phases: output ``t = stride * m + r`` receives ``x[m + c, j]``
+    from exactly the taps ``j`` with ``(r - j * dilation) % stride == 0`` (``c = (r - j * dilation) / stride``),
+    so each phase is a sum of shifted slices (pads, no division) and the phases interleave by one reshape. (A
+    gather by ``(t - j * dilation) / stride`` costs a floor division and a remainder per tap: 1.3-1.6x slower
+    for a stride-2 transposed convolution; zero-interleaving each tap by reshapes divides by every extent.)"""
     o, k = x.shape[axis], x.shape[axis + 1]
-    i64, dev, shape = dtypes.int64, x.device, (n, k)
-    t = g.expand(g.reshape(g.iota(n, i64, dev), (n, 1)), shape)
-    j = g.expand(g.reshape(g.iota(k, i64, dev), (1, k)), shape)
-    num = g.binary(Ops.SUB, t, g.binary(Ops.MUL, j, g.const(dilation, shape, i64, dev)))
-    q = g.binary(Ops.DIV, num, g.const(stride, shape, i64, dev))  # floor division: negative numerators go below 0
-    valid = g.binary(Ops.AND, g.binary(Ops.CMPEQ, g.binary(Ops.MOD, num, g.const(stride, shape, i64, dev)),
-                                       g.const(0, shape, i64, dev)),
-                     g.binary(Ops.AND, g.binary(Ops.CMPLE, g.const(0, shape, i64, dev), q),
-                              g.binary(Ops.CMPLT, q, g.const(o, shape, i64, dev))))
-    full = x.shape[:axis] + shape + x.shape[axis + 2:]
-
-    def spread(c: Class) -> Class:
-        return g.expand(g.reshape(c, (1,) * axis + shape + (1,) * (len(full) - axis - 2)), full)
-
-    picked = g.take_along(x, spread(g.where(valid, q, g.const(0, shape, i64, dev))), axis)
-    summed = g.reduce(Ops.ADD, g.where(spread(valid), picked, g.const(0, full, x.dtype, dev)), (axis + 1,))
-    return g.reshape(summed, full[:axis + 1] + full[axis + 2:])
+    s, d = stride, dilation
+    m = -(-n // s)
+    rest = x.shape[:axis] + x.shape[axis + 2:]
+    phase_shape = rest[:axis] + (m,) + rest[axis:]
+    phases = []
+    for r in range(s):
+        total = None
+        for j in range(k):
+            if (r - j * d) % s:
+                continue
+            c = (r - j * d) // s  # phase element mm reads x[mm + c]
+            lo, hi = max(0, c), min(o, m + c)  # the x rows that land inside [0, m)
+            if lo >= hi:
+                continue
+            pick = tuple((j, j + 1, 1) if i == axis + 1 else (lo, hi, 1) if i == axis else (0, sz, 1)
+                         for i, sz in enumerate(x.shape))
+            xj = g.reshape(g.shrink(x, pick), rest[:axis] + (hi - lo,) + rest[axis:])
+            pads = [(0, 0)] * len(phase_shape)
+            pads[axis] = (lo - c, m - (hi - c))
+            placed = g.pad(xj, tuple(pads))
+            total = placed if total is None else g.binary(Ops.ADD, total, placed)
+        phases.append(g.const(0, phase_shape, x.dtype, x.device) if total is None else total)
+    inter = phase_shape[:axis + 1] + (1,) + phase_shape[axis + 1:]  # (..., m, 1, ...), then the phase axis
+    y = None
+    for r, ph in enumerate(phases):
+        pads = [(0, 0)] * len(inter)
+        pads[axis + 1] = (r, s - 1 - r)
+        placed = g.pad(g.reshape(ph, inter), tuple(pads))
+        y = placed if y is None else g.binary(Ops.ADD, y, placed)
+    y = g.reshape(y, phase_shape[:axis] + (m * s,) + phase_shape[axis + 1:])
+    return g.shrink(y, tuple((0, n, 1) if i == axis else (0, sz, 1) for i, sz in enumerate(y.shape)))
 
 
 class OverlapAdd(Function):

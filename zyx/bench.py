@@ -578,6 +578,26 @@ def conv2d_backward(args) -> Row:
 
 
 @case
+def conv_transpose2d(args) -> Row:
+    """A 4x4 transposed convolution, stride 2, padding 1 (a decoder's 2x upsampling), 64 -> 32 channels, batch 32
+    of 16x16: one GEMM and one col2im kernel."""
+    from zyx.nn import functional as F
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((32, 64, 16, 16), dtype=np.float32)
+    w = rng.standard_normal((64, 32, 4, 4), dtype=np.float32)
+    X, W = zyx.Tensor(x).realize(), zyx.Tensor(w).realize()
+    row = Row("conv_transpose2d 32x64x16x16 * 64x32x4x4 s2 p1 f32",
+              median_ms(lambda: F.conv_transpose2d(X, W, stride=2, padding=1).realize(), args.repeats))
+    torch = _torch()
+    if torch is not None:
+        tx, tw = torch.from_numpy(x), torch.from_numpy(w)
+        row.refs["torch"] = median_ms(lambda: torch.nn.functional.conv_transpose2d(tx, tw, stride=2, padding=1),
+                                      args.repeats)
+    return row
+
+
+@case
 def train_step(args) -> Row:
     """One Adam training step of the train_mlp example's model and batch (forward, backward, update)."""
     from zyx import nn, optim

@@ -147,6 +147,7 @@ def expand(x: Class, shape: tuple[int, ...]) -> Class:
 
 
 def pad(x: Class, pads: tuple[tuple[int, int], ...], fill=0) -> Class:
+    assert len(pads) == len(x.shape), (pads, x.shape)
     pads = tuple((int(a), int(b)) for a, b in pads)
     if all(p == (0, 0) for p in pads):
         return x
