@@ -377,7 +377,7 @@ def conv_ref(x: np.ndarray, w: np.ndarray | None, b: np.ndarray | None, stride, 
             result[:, gi * og:(gi + 1) * og] += np.einsum("nc...,oc->no...", window[:, gi * cg:(gi + 1) * cg], taps)
     if b is not None:
         result += b.astype(np.float64).reshape((o,) + (1,) * nd)
-    return result.astype(x.dtype)
+    return result.astype(np.result_type(*(a for a in (x, w, b) if a is not None)))  # the operands' common dtype
 
 
 def conv_transpose_ref(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, stride, padding, output_padding,
@@ -401,7 +401,7 @@ def conv_transpose_ref(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, strid
     result = full[(slice(None), slice(None), *(slice(p, p + o) for p, o in zip(padding, out)))]
     if b is not None:
         result = result + b.astype(np.float64).reshape((og * groups,) + (1,) * nd)
-    return result.astype(x.dtype)
+    return result.astype(np.result_type(*(a for a in (x, w, b) if a is not None)))  # the operands' common dtype
 
 
 def layer_norm_ref(x: np.ndarray, k: int, w: np.ndarray | None = None, b: np.ndarray | None = None) -> np.ndarray:
