@@ -622,9 +622,10 @@ def overlap_add_graph(x: Class, axis: int, stride: int, dilation: int, n: int) -
 def _overlap_add_phased(x: Class, axis: int, stride: int, dilation: int, n: int) -> Class:
     """``overlap_add_graph`` for ``stride > 1`` by phases: output ``t = stride * m + r`` receives ``x[m + c, j]``
     from exactly the taps ``j`` with ``(r - j * dilation) % stride == 0`` (``c = (r - j * dilation) / stride``),
-    so each phase is a sum of shifted slices (pads, no division) and the phases interleave by one reshape. (A
-    gather by ``(t - j * dilation) / stride`` costs a floor division and a remainder per tap: 1.3-1.6x slower
-    for a stride-2 transposed convolution; zero-interleaving each tap by reshapes divides by every extent.)"""
+    so each phase is a sum of shifted slices (pads, no division), computed by its own kernel (only its taps, read
+    contiguously; fused into the interleave, every output would evaluate every phase's gated taps), and the phases
+    interleave by one reshape. (A gather by ``(t - j * dilation) / stride`` costs a floor division and a remainder
+    per tap; zero-interleaving each tap by reshapes divides by every extent.)"""
     o, k = x.shape[axis], x.shape[axis + 1]
     s, d = stride, dilation
     m = -(-n // s)
@@ -647,7 +648,7 @@ def _overlap_add_phased(x: Class, axis: int, stride: int, dilation: int, n: int)
             pads[axis] = (lo - c, m - (hi - c))
             placed = g.pad(xj, tuple(pads))
             total = placed if total is None else g.binary(Ops.ADD, total, placed)
-        phases.append(g.const(0, phase_shape, x.dtype, x.device) if total is None else total)
+        phases.append(g.const(0, phase_shape, x.dtype, x.device) if total is None else g.contiguous(total))
     inter = phase_shape[:axis + 1] + (1,) + phase_shape[axis + 1:]  # (..., m, 1, ...), then the phase axis
     y = None
     for r, ph in enumerate(phases):
