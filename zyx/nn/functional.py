@@ -1,7 +1,6 @@
 """Stateless neural-network functions with PyTorch's names and semantics: dropout, one-hot, activations, linear,
-embedding, scaled dot-product attention, layer normalization, and re-exported from their modules: losses
-(``losses``), convolution and pooling (``conv``), group/RMS normalization (``norm``), ``interpolate``
-(``resample``)."""
+embedding, scaled dot-product attention, and re-exported from their modules: losses (``losses``), convolution and
+pooling (``conv``), layer/group/RMS normalization (``norm``), ``interpolate`` (``resample``)."""
 
 from __future__ import annotations
 
@@ -35,7 +34,7 @@ from zyx.nn.losses import (  # noqa: F401 - re-exported: PyTorch keeps them in f
     nll_loss,
     smooth_l1_loss,
 )
-from zyx.nn.norm import cosine_similarity, group_norm, normalize, rms_norm  # noqa: F401 - re-exported
+from zyx.nn.norm import cosine_similarity, group_norm, layer_norm, normalize, rms_norm  # noqa: F401
 from zyx.nn.resample import interpolate  # noqa: F401 - re-exported
 from zyx.tensor import Tensor, broadcast_shapes, rand
 
@@ -45,23 +44,6 @@ def one_hot(idx: Tensor, num_classes: int, dtype=None) -> Tensor:
         raise TypeError(f"one_hot needs integer class indices, got {idx.dtype.name}")
     classes = Tensor.arange(num_classes, device=idx.device)
     return (idx.unsqueeze(-1) == classes).cast(dtype or dtypes.default_float)
-
-
-def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, bias: Tensor | None = None,
-               eps: float = 1e-5) -> Tensor:
-    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
-    if tuple(x.shape[-len(shape):]) != shape:
-        raise ValueError(f"layer_norm: input shape {x.shape} does not end with {shape}")
-    axes = tuple(range(x.ndim - len(shape), x.ndim))
-    mean = x.mean(axes, keepdim=True)
-    d = x - mean
-    var = (d * d).mean(axes, keepdim=True)
-    y = d * (var + eps).rsqrt()
-    if weight is not None:
-        y = y * weight
-    if bias is not None:
-        y = y + bias
-    return y
 
 
 def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:

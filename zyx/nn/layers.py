@@ -182,6 +182,23 @@ class Upsample(Module):
                            self.recompute_scale_factor)
 
 
+def _conv_parameters(layer: Module, in_channels: int, out_channels: int, kernel_size, groups: int, bias: bool,
+                     device: str | None, transposed: bool) -> None:
+    """A (transposed) convolution layer's channels, kernel size, weight ((out, in / groups, *kernel), transposed
+    (in, out / groups, *kernel)) and bias (out,), uniform in +-1/sqrt(fan_in) with PyTorch's fan_in: the weight's
+    second axis times the kernel size (kaiming_uniform with a = sqrt(5))."""
+    if groups < 1 or in_channels % groups or out_channels % groups:
+        raise ValueError(f"{type(layer).__name__}: in_channels {in_channels} and out_channels {out_channels} "
+                         f"must be divisible by groups {groups}")
+    kernel = (kernel_size,) * layer.nd if isinstance(kernel_size, int) else tuple(kernel_size)
+    layer.in_channels, layer.out_channels, layer.kernel_size = in_channels, out_channels, kernel
+    shape = (in_channels, out_channels // groups) if transposed else (out_channels, in_channels // groups)
+    fan_in = shape[1] * math.prod(kernel)
+    bound = 1 / math.sqrt(fan_in) if fan_in else 0.0
+    layer.weight = Parameter(_uniform((*shape, *kernel), bound, device))
+    layer.bias = Parameter(_uniform((out_channels,), bound, device)) if bias else None
+
+
 class _ConvNd(Module):
     """PyTorch's ``Conv{n}d``: weight (out_channels, in_channels / groups, *kernel_size) and bias (out_channels,),
     both uniform in +-1/sqrt(fan_in) (PyTorch's default, kaiming_uniform with a = sqrt(5))."""
@@ -190,16 +207,8 @@ class _ConvNd(Module):
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
                  groups: int = 1, bias: bool = True, device: str | None = None) -> None:
-        if groups < 1 or in_channels % groups or out_channels % groups:
-            raise ValueError(f"{type(self).__name__}: in_channels {in_channels} and out_channels {out_channels} "
-                             f"must be divisible by groups {groups}")
-        kernel = (kernel_size,) * self.nd if isinstance(kernel_size, int) else tuple(kernel_size)
-        self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, kernel
+        _conv_parameters(self, in_channels, out_channels, kernel_size, groups, bias, device, transposed=False)
         self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
-        fan_in = in_channels // groups * math.prod(kernel)
-        bound = 1 / math.sqrt(fan_in) if fan_in else 0.0
-        self.weight = Parameter(_uniform((out_channels, in_channels // groups, *kernel), bound, device))
-        self.bias = Parameter(_uniform((out_channels,), bound, device)) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
         conv = (F.conv1d, F.conv2d, F.conv3d)[self.nd - 1]
@@ -227,17 +236,9 @@ class _ConvTransposeNd(Module):
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, output_padding=0,
                  groups: int = 1, bias: bool = True, dilation=1, device: str | None = None) -> None:
-        if groups < 1 or in_channels % groups or out_channels % groups:
-            raise ValueError(f"{type(self).__name__}: in_channels {in_channels} and out_channels {out_channels} "
-                             f"must be divisible by groups {groups}")
-        kernel = (kernel_size,) * self.nd if isinstance(kernel_size, int) else tuple(kernel_size)
-        self.in_channels, self.out_channels, self.kernel_size = in_channels, out_channels, kernel
+        _conv_parameters(self, in_channels, out_channels, kernel_size, groups, bias, device, transposed=True)
         self.stride, self.padding, self.output_padding = stride, padding, output_padding
         self.groups, self.dilation = groups, dilation
-        fan_in = out_channels // groups * math.prod(kernel)
-        bound = 1 / math.sqrt(fan_in) if fan_in else 0.0
-        self.weight = Parameter(_uniform((in_channels, out_channels // groups, *kernel), bound, device))
-        self.bias = Parameter(_uniform((out_channels,), bound, device)) if bias else None
 
     def forward(self, x: Tensor, output_size=None) -> Tensor:
         conv = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[self.nd - 1]

@@ -1,10 +1,28 @@
 """Normalizations with PyTorch's names and semantics, built from tensor ops (re-exported by ``functional``):
-group and RMS normalization, ``normalize`` and ``cosine_similarity``."""
+layer, group and RMS normalization, ``normalize`` and ``cosine_similarity``."""
 
 from __future__ import annotations
 
 from zyx import dtypes
 from zyx.tensor import Tensor
+
+
+def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, bias: Tensor | None = None,
+               eps: float = 1e-5) -> Tensor:
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if tuple(x.shape[-len(shape):]) != shape:
+        raise ValueError(f"layer_norm: input shape {x.shape} does not end with {shape}")
+    axes = tuple(range(x.ndim - len(shape), x.ndim))
+    mean = x.mean(axes, keepdim=True)
+    d = x - mean
+    var = (d * d).mean(axes, keepdim=True)
+    y = d * (var + eps).rsqrt()
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y
+
 
 
 def group_norm(x: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None,
@@ -16,9 +34,7 @@ def group_norm(x: Tensor, num_groups: int, weight: Tensor | None = None, bias: T
                          f"{num_groups}")
     n, c = x.shape[:2]
     g = x.reshape(n, num_groups, -1)
-    mean = g.mean(-1, keepdim=True)
-    d = g - mean
-    y = (d * ((d * d).mean(-1, keepdim=True) + eps).rsqrt()).reshape(x.shape)
+    y = layer_norm(g, g.shape[-1:], eps=eps).reshape(x.shape)  # each group: its channels and positions as one row
     per_channel = (c,) + (1,) * (x.ndim - 2)
     for t, name in ((weight, "weight"), (bias, "bias")):
         if t is not None and t.shape != (c,):
