@@ -187,7 +187,7 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
             # unit that loaded such an alias read its own kernel's output before writing it)
             in_group = set(group)
             own_aliases = {by_id[i] for i, src in aliases.items() if src in in_group}
-            b = KernelBuilder("k", stored - inline - in_group - own_aliases)
+            b = KernelBuilder("k", stored - inline - in_group - own_aliases, stored)
             for c in sorted(group, key=lambda x: position[id(x)]):
                 b.add_output(c)
             # a class's reduce placed in the loops of several other reduces (attention's scores, read by the
@@ -196,6 +196,8 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
             for e, factor in recompute_factors(b.kernel()).items():
                 rc = b.reduce_class[e]
                 runs[rc] = runs.get(rc, 0) + factor
+            for rc, factor in b.recomputed.items():  # found while lowering: the draft loads them already
+                runs[rc] = max(runs.get(rc, 0), factor)
             for rc, factor in runs.items():
                 if factor > 1 and rc not in stored:
                     stored.add(rc)

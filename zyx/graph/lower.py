@@ -75,11 +75,18 @@ def _mod(a: Expr, c: int) -> Expr:
 
 
 class KernelBuilder:
-    """Builds one ir.Kernel: params are outputs first, then inputs and scalars in order of first use."""
+    """Builds one ir.Kernel: params are outputs first, then inputs and scalars in order of first use.
 
-    def __init__(self, name: str, materialized: set[Class]) -> None:
+    ``recomputed``: the reduce classes outside ``stored`` that an enclosing reduce would run again for values it
+    already computed (the factor ``recompute_factors`` gives, estimated from the index they are lowered at). Such a
+    class is lowered as a load instead of its computation: the kernel is then a planning draft, which fusion
+    rebuilds with the class stored. Without the shortcut a chain of reduces feeding reduces (a transformer's matmuls on
+    generated kernels) is lowered at a new index per path through it: exponential in the depth of the chain."""
+
+    def __init__(self, name: str, materialized: set[Class], stored: set[Class] | None = None) -> None:
         self.name = name
         self.materialized = materialized
+        self.stored = materialized if stored is None else stored  # may be computed here, never drafted
         self.params: list[ir.Param] = []
         self.param_classes: list[Class] = []
         self._param_of: dict[int, int] = {}
@@ -89,6 +96,8 @@ class KernelBuilder:
         self.stores: list[ir.Store] = []
         self.loops: tuple[Expr, ...] = ()  # one range per output dimension
         self.loop_order: tuple[Expr, ...] = ()  # the loop nest, outermost first, when not ``loops``
+        self.recomputed: dict[Class, int] = {}
+        self._reduce_ranges: list[Expr] = []  # the ranges of the reduces being lowered, outermost first
 
     def new_range(self, size: int) -> Expr:
         r = ir.range_(self._next_range, size)
@@ -135,6 +144,16 @@ class KernelBuilder:
             self._memo[key] = e
         return e
 
+    def _rerun_factor(self, idx: tuple[Expr, ...]) -> int:
+        """How often a reduce lowered at ``idx`` inside the reduces being lowered would run per distinct value:
+        placed in the innermost loop its index depends on, it runs once per iteration of that loop and the loops
+        around it (``recompute_factors`` on the finished kernel)."""
+        loops = [*(self.loop_order or self.loops), *self._reduce_ranges]
+        deps = {r for x in idx for r in x.ranges}
+        deepest = max((i for i, r in enumerate(loops) if r in deps), default=-1)
+        runs = math.prod(r.arg[1] for r in loops[:deepest + 1])
+        return runs // max(math.prod(r.arg[1] for r in loops if r in deps), 1)
+
     def _compute(self, c: Class, idx: tuple[Expr, ...], gate: Expr | None) -> Expr:  # noqa: C901
         node = c.node
         op, srcs, arg = node.op, node.srcs, node.arg
@@ -157,13 +176,20 @@ class KernelBuilder:
         if op is Ops.REDUCE:
             rop, axes = arg
             src = srcs[0]
+            if self._reduce_ranges and c not in self.stored and (factor := self._rerun_factor(idx)) > 1:
+                self.recomputed[c] = factor
+                return ir.load(self._param(c, "in"), c.dtype, ravel(idx, c.shape), gate)
             new = list(idx)
             rngs = []
             for a in axes:
                 r = self.new_range(src.shape[a])
                 new[a] = r
                 rngs.append(r)
-            e = ir.reduce(rop, self.lower(src, tuple(new), gate), tuple(rngs))
+            self._reduce_ranges.extend(rngs)
+            try:
+                e = ir.reduce(rop, self.lower(src, tuple(new), gate), tuple(rngs))
+            finally:
+                del self._reduce_ranges[-len(rngs):]
             if e.op is Ops.REDUCE:
                 self.reduce_class[e] = c
             return e
