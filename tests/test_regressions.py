@@ -419,3 +419,17 @@ def test_a_deep_chain_of_reduces_plans_in_linear_time(device):
             h = layer_norm((h @ w1).relu() @ w2 + h, mean, lambda t: t.sqrt())
         got = h.numpy()
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_signed_overflow_wraps_as_numpy(device, dtype):
+    """Every signed op that can overflow wraps (C leaves it undefined; NVRTC and g++ without -fwrapv fold it)."""
+    info = np.iinfo(dtype)
+    a = np.array([info.max - 4, info.min + 3, 7, info.max // 2 + 1], dtype)
+    x = zyx.Tensor(a, device=device)
+    with np.errstate(over="ignore"):
+        cases = {"x + 10 > 0": ((x + 10) > 0, (a + 10) > 0), "x * 3": (x * 3, a * 3), "-x": (-x, -a),
+                 "x - 10": (x - 10, a - 10), "x.sum()": (x.sum(), a.sum()),
+                 "x.prod()": (x.prod(), a.prod()), "x ** 3": (x ** 3, a ** 3)}
+    for name, (got, want) in cases.items():
+        np.testing.assert_array_equal(got.numpy(), want, err_msg=name)

@@ -382,6 +382,23 @@ def _bounds(op: Ops, dtype: DType, srcs: tuple[Expr, ...]) -> tuple | None:
     return None
 
 
+def may_wrap(e: Expr) -> bool:
+    """Whether the signed int32 / int64 ``ADD``, ``SUB``, ``MUL`` or ``NEG`` ``e`` can leave its dtype's range for
+    operand values within their bounds. C leaves such an overflow undefined and compilers fold comparisons by it
+    (NVRTC has no ``-fwrapv``), so renderers compute these in unsigned arithmetic, which wraps as NumPy does."""
+    if e.dtype.kind != "i" or e.dtype.itemsize < 4 or e.op not in (Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG):
+        return False
+    if e.op is Ops.SUB:
+        a, b = e.srcs
+        exact = (a.vmin - b.vmax, a.vmax - b.vmin)
+    else:
+        exact = _bounds(e.op, e.dtype, e.srcs)
+    if exact is None or any(isinstance(x, float) and not math.isfinite(x) for x in exact):
+        return True
+    lo, hi = dtypes.min_max(e.dtype)
+    return exact[0] < lo or exact[1] > hi
+
+
 def _decide_compare(op: Ops, a: Expr, b: Expr) -> bool | None:
     if not (_is_index(a, b)):
         return None

@@ -115,6 +115,8 @@ class CStyleRenderer:
         sd = e.srcs[0].dtype if e.srcs else d
         fl = sd.is_float
         suf = "" if sd is dtypes.float64 else "f"
+        if op in (Ops.ADD, Ops.SUB, Ops.MUL, Ops.NEG) and ir.may_wrap(e):  # wraps, never undefined
+            return wrapping(op, a[0], a[1] if len(a) > 1 else "", d)
         if op in _INFIX:
             return f"({a[0]} {_INFIX[op]} {a[1]})"
         if op is Ops.NEG:
@@ -248,11 +250,14 @@ class CStyleRenderer:
         code rounds every operation as NumPy does; a sum of products gains speed and accuracy from it)."""
         v = e.srcs[0]
         if e.arg[0] is Ops.ADD and v.op is Ops.MUL and v.dtype in (dtypes.float32, dtypes.float64):
-            fn = "fma" if acc_t == "double" else "fmaf"
-            return f"{acc} = {fn}({n(v.srcs[0])}, {n(v.srcs[1])}, {acc});"
+            if acc_t == "double":  # explicit: CUDA has no fma(float, float, double) overload to pick
+                return f"{acc} = fma((double){n(v.srcs[0])}, (double){n(v.srcs[1])}, {acc});"
+            return f"{acc} = fmaf({n(v.srcs[0])}, {n(v.srcs[1])}, {acc});"
         return self.update(e.arg[0], acc, n(v), e.dtype)
 
     def update(self, op: Ops, acc: str, v: str, d: DType) -> str:
+        if op in (Ops.ADD, Ops.MUL) and d.kind == "i" and d.itemsize >= 4:  # wraps, never undefined
+            return f"{acc} = {wrapping(op, acc, v, d)};"
         if op is Ops.ADD:
             return f"{acc} += {v};"
         if op is Ops.MUL:
@@ -770,6 +775,16 @@ static inline float zyx_round_float16(float f) { return zyx_float16_to_f32(zyx_f
 """
 
 
+def wrapping(op: Ops, a: str, b: str, d: DType) -> str:
+    """``a op b`` (``-a`` for ``NEG``) of signed ``d`` computed in its unsigned twin, so an overflow wraps as in
+    NumPy instead of being undefined behaviour that C compilers fold away (NVRTC has no ``-fwrapv``)."""
+    ct = d.c_type
+    ut = "unsigned " + ct.removeprefix("signed ")
+    if op is Ops.NEG:
+        return f"(({ct})(0 - ({ut})({a})))"
+    return f"(({ct})(({ut})({a}) {_INFIX[op]} ({ut})({b})))"
+
+
 def _int_helpers() -> str:
     out = []
     for d in dtypes.ALL:
@@ -777,6 +792,10 @@ def _int_helpers() -> str:
             continue
         t = d.c_type
         bits = d.bits
+
+        def mul(a: str, b: str) -> str:
+            return f"({t})({a} * {b})" if d.is_unsigned else wrapping(Ops.MUL, a, b, d)  # noqa: B023
+
         if d.is_unsigned:
             div = f"return b == 0 ? 0 : ({t})(a / b);"
             md = f"return b == 0 ? 0 : ({t})(a % b);"
@@ -795,7 +814,7 @@ def _int_helpers() -> str:
         out.append(f"static inline {t} zyx_shr_{d.name}({t} a, {t} b) {{ {shr} }}")
         out.append(f"static inline {t} zyx_ipow_{d.name}({t} a, {t} b) {{ {t} r = 1; "
                    f"if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0); "
-                   f"while (b) {{ if (b & 1) r = ({t})(r * a); a = ({t})(a * a); b >>= 1; }} return r; }}")
+                   f"while (b) {{ if (b & 1) r = {mul('r', 'a')}; a = {mul('a', 'a')}; b >>= 1; }} return r; }}")
     out.extend(_float_to_int_helpers())
     return "\n".join(out) + "\n"
 

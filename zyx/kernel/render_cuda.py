@@ -266,13 +266,12 @@ class CUDARenderer(CStyleRenderer):
         return super().cast(e, a)
 
     # ---- reductions ------------------------------------------------------------------------------------------
-    def combine(self, op: Ops, acc: str, other: str) -> str:
-        """Fold a partial accumulator into ``acc`` (NaN flags are combined separately)."""
+    def combine(self, op: Ops, acc: str, other: str, d: DType) -> str:
+        """Fold a partial accumulator of reduce dtype ``d`` into ``acc`` (NaN flags are combined separately)."""
         if op in (Ops.MAX, Ops.MIN):
             c = ">" if op is Ops.MAX else "<"
             return f"{acc} = ({other} {c} {acc}) ? {other} : {acc};"
-        sym = {Ops.ADD: "+", Ops.MUL: "*", Ops.OR: "|", Ops.AND: "&"}[op]
-        return f"{acc} {sym}= {other};"
+        return self.update(op, acc, other, d)
 
     def shuffle_xor(self, t: str, x: str, offset: str) -> str:
         if t in _SHUFFLE_TYPES:
@@ -1090,21 +1089,21 @@ class _Writer:
         if self.g.strategy == "columns":
             self.strided(chain[:f], chain[f] if f < len(chain) else None, f"{acc}_i", ind, lane="zy")
             if self.g.group_threads > 1:
-                self.cross_rows(op, acc, at, nan, ind)
+                self.cross_rows(op, acc, at, nan, ind, e.dtype)
             self.close_acc(e, acc, at, nan, ind)
             return
         self.strided(chain[:f], chain[f] if f < len(chain) else None, f"{acc}_i", ind)
         self.emit(ind, "for (int zo = 16; zo > 0; zo >>= 1) {")
         self.emit(ind, f"  const {at} zt = {self.r.shuffle_xor(at, acc, 'zo')};")
-        self.emit(ind, "  " + self.r.combine(op, acc, "zt"))
+        self.emit(ind, "  " + self.r.combine(op, acc, "zt", e.dtype))
         if nan:
             self.emit(ind, f"  {acc}_nan |= __shfl_xor_sync({FULL_MASK}, {acc}_nan, zo);")
         self.emit(ind, "}")
         if self.g.group_threads > 32:
-            self.cross_warp(op, acc, at, nan, ind)
+            self.cross_warp(op, acc, at, nan, ind, e.dtype)
         self.close_acc(e, acc, at, nan, ind)
 
-    def cross_rows(self, op: Ops, acc: str, at: str, nan: bool, ind: str) -> None:
+    def cross_rows(self, op: Ops, acc: str, at: str, nan: bool, ind: str, d: DType) -> None:
         """Columns layout: combine the ``TY`` partials of each output (column ``zx``) through shared memory; every
         thread of the column reads them in one order, so all get the same result."""
         tx, ty = self.g.groups_per_block, self.g.group_threads
@@ -1114,11 +1113,11 @@ class _Writer:
         self.emit(ind, f"{acc}_sh[zy][zx] = {acc};" + (f" {acc}_shn[zy][zx] = {acc}_nan;" if nan else ""))
         self.emit(ind, "__syncthreads();")
         self.emit(ind, f"{acc} = {acc}_sh[0][zx];" + (f" {acc}_nan = {acc}_shn[0][zx];" if nan else ""))
-        self.emit(ind, f"for (int zw = 1; zw < {ty}; zw++) {{ {self.r.combine(op, acc, f'{acc}_sh[zw][zx]')}"
+        self.emit(ind, f"for (int zw = 1; zw < {ty}; zw++) {{ {self.r.combine(op, acc, f'{acc}_sh[zw][zx]', d)}"
                        + (f" {acc}_nan |= {acc}_shn[zw][zx];" if nan else "") + " }")
         self.emit(ind, "__syncthreads();")
 
-    def cross_warp(self, op: Ops, acc: str, at: str, nan: bool, ind: str) -> None:
+    def cross_warp(self, op: Ops, acc: str, at: str, nan: bool, ind: str, d: DType) -> None:
         """Combine the warps' (uniform) partials through shared memory; every thread reads them in one order."""
         warps = self.g.group_threads // 32
         self.shared.append(f"  __shared__ {at} {acc}_sh[{warps}];")
@@ -1128,7 +1127,7 @@ class _Writer:
                        + (f" {acc}_shn[zl >> 5] = {acc}_nan;" if nan else "") + " }")
         self.emit(ind, "__syncthreads();")
         self.emit(ind, f"{acc} = {acc}_sh[0];" + (f" {acc}_nan = {acc}_shn[0];" if nan else ""))
-        self.emit(ind, f"for (int zw = 1; zw < {warps}; zw++) {{ {self.r.combine(op, acc, f'{acc}_sh[zw]')}"
+        self.emit(ind, f"for (int zw = 1; zw < {warps}; zw++) {{ {self.r.combine(op, acc, f'{acc}_sh[zw]', d)}"
                        + (f" {acc}_nan |= {acc}_shn[zw];" if nan else "") + " }")
         self.emit(ind, "__syncthreads();")
 

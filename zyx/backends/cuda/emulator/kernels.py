@@ -59,12 +59,14 @@ MAX_GRID = (2**31 - 1, 65535, 65535)
 DYNAMIC_SHARED_CAPACITY = 256 * 1024  # bytes of ``extern __shared__`` memory a launch may use
 ABI_VERSION = 1
 
-FLAGS = ("-std=c++17", "-O1", "-shared", "-fPIC", "-w", "-fwrapv", "-fno-strict-aliasing", "-ffp-contract=off",
+FLAGS = ("-std=c++17", "-O1", "-shared", "-fPIC", "-w", "-fno-strict-aliasing", "-ffp-contract=off",
          "-fno-math-errno", "-fstack-clash-protection", "-U_FORTIFY_SOURCE", "-D_FORTIFY_SOURCE=0")
 # -Bsymbolic: a module's calls to its own kernels bind to them, not to a same-named symbol some library loaded
 # earlier put in the global scope (a test kernel `saxpy` ran MKL's Fortran saxpy once MKL was loaded). Link only:
 # the precompiled header must be built with FLAGS alone, or g++ cannot use it (modules compile ~40% slower).
 # -pipe (driver only): no temporary files between the compiler's stages.
+# No -fwrapv: NVRTC has none, so signed overflow must be defined by the rendered code itself (``ir.may_wrap``); g++
+# folds undefined overflow as NVRTC does, so the emulator catches kernels that rely on wrapping.
 LINK_FLAGS = ("-Wl,-Bsymbolic", "-pipe")
 # no shadow stack / IBT marking: the fiber switch changes stacks by hand
 _ARCH_FLAGS = ("-fcf-protection=none",) if platform.machine() in ("x86_64", "AMD64") else ()
