@@ -135,7 +135,7 @@ def near_misses():
     (q, k, v), _ = inputs("float16", 2, l_=E, s=E)  # L == S == E: wrongly transposed operands still fit
     scores = q @ k.transpose(-2, -1) * 0.125
     e = (scores - scores.max(-1, keepdim=True)).exp()
-    scale_tensor = zyx.Tensor(np.float16(0.125))
+    scale_tensor = zyx.Tensor(np.float16(0.125), device="host")  # beside q, k, v
     return {
         "softmax over the query axis": scores.softmax(-2) @ v,
         "scale after the softmax": (q @ k.transpose(-2, -1)).softmax(-1) * 0.125 @ v,
