@@ -178,10 +178,11 @@ def case_matmul(env: Env, dtype: str, n: int) -> Row:
     a_np, b_np = _random((n, n), dtype, 0), _random((n, n), dtype, 1)
     a, b = env.tensor(a_np), env.tensor(b_np)
     flops = 2.0 * n**3
-    row.note = _schedule_note(a @ b)
     reps = env.repeats(20 if n <= 4096 else 10)
-    row.zyx = flops / median_s(lambda: (a @ b).realize(), env.sync, reps) / 1e12
-    z = (a @ b).numpy().astype(np.float32)
+    with _allowed_tf32(env, dtype == "float32"):  # zyx's default is exact FP32, as torch's
+        row.note = _schedule_note(a @ b)
+        row.zyx = flops / median_s(lambda: (a @ b).realize(), env.sync, reps) / 1e12
+        z = (a @ b).numpy().astype(np.float32)
     if env.torch is not None:
         t = env.torch
         if dtype == "float32" and env.tdev == "cuda":
@@ -331,6 +332,31 @@ def case_matmul_generated(env: Env, dtype: str = "float16", n: int = 4096) -> Ro
         ta, tb = env.ttensor(a_np), env.ttensor(b_np)
         row.torch = flops / median_s(lambda: ta @ tb, env.tsync, reps) / 1e12
     return row
+
+
+@contextlib.contextmanager
+def _allowed_tf32(env: Env, on: bool) -> Iterator[None]:
+    """Within the block (when ``on``) float32 matmuls may run on TF32 tensor cores: cuDNN's and the generated."""
+    import dataclasses
+
+    from zyx.graph import schedule
+
+    cudnn, info = getattr(env.dev, "_cudnn", None), getattr(env.dev, "_info", None)
+    if not on or info is None:
+        yield
+        return
+    env.dev._info = dataclasses.replace(info, allow_tf32=info.tensor_cores)
+    was = cudnn.allow_tf32 if cudnn is not None else False
+    if cudnn is not None:
+        cudnn.allow_tf32 = True
+    schedule.clear_cache()
+    try:
+        yield
+    finally:
+        env.dev._info = info
+        if cudnn is not None:
+            cudnn.allow_tf32 = was
+        schedule.clear_cache()
 
 
 @contextlib.contextmanager

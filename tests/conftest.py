@@ -208,3 +208,27 @@ def every_logged_kernel_compiles_for_cuda(request):
     say(summary)
     assert not failures, f"{len(failures)} CUDA compile batches failed:\n" + "\n\n".join(failures[:5])
 # ---- end of the CUDA codegen block ----
+
+
+@pytest.fixture
+def libraries_first(monkeypatch):
+    """Extraction takes every library alternative a device matched (BLAS matmuls and attention on the host,
+    cuDNN on a GPU) however small the work, so that the fuzzer's small programs run the library kernels too."""
+    from zyx.graph import schedule
+    from zyx.ops import Ops
+
+    estimate = schedule.default_cost
+
+    def cost_fn(*args, **kwargs):
+        cost = estimate(*args, **kwargs)
+
+        def libraries_free(c, n):
+            return 0.0 if n.op is Ops.KERNEL else cost(c, n)
+
+        libraries_free.measured = cost.measured
+        return libraries_free
+
+    monkeypatch.setattr(schedule, "default_cost", cost_fn)
+    schedule.clear_cache()
+    yield
+    schedule.clear_cache()

@@ -207,30 +207,6 @@ def _check_gradients(prog: Program, weights: dict, runs: list) -> None:
         assert not errors, f"run {k}: zyx's gradients differ from finite differences:\n" + "\n".join(errors)
 
 
-@pytest.fixture
-def libraries_first(monkeypatch):
-    """Extraction takes every library alternative a device matched (BLAS matmuls and attention on the host,
-    cuDNN on a GPU) however small the work, so that the fuzzer's small programs run the library kernels too."""
-    from zyx.graph import schedule
-    from zyx.ops import Ops
-
-    estimate = schedule.default_cost
-
-    def cost_fn(*args, **kwargs):
-        cost = estimate(*args, **kwargs)
-
-        def libraries_free(c, n):
-            return 0.0 if n.op is Ops.KERNEL else cost(c, n)
-
-        libraries_free.measured = cost.measured
-        return libraries_free
-
-    monkeypatch.setattr(schedule, "default_cost", cost_fn)
-    schedule.clear_cache()
-    yield
-    schedule.clear_cache()
-
-
 @_fuzz_test(programs(), JIT_EXAMPLES // 2, HealthCheck.function_scoped_fixture)
 def test_fuzz_programs_libraries_first(prog: Program, device: str, libraries_first) -> None:
     """The value fuzzer's programs with every matched library call taken (``ZYX_FUZZ_JIT_EXAMPLES`` / 2)."""

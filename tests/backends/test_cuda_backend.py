@@ -1062,12 +1062,12 @@ def test_schedule_on_fake_gpu_uses_cudnn_and_nvrtc_cubins(fake_cuda_registry):
     r, fake, plans = fake_cuda_registry()
     assert r.report()["cuda"] == "ok: cuda:0"
     rng = np.random.default_rng(0)
-    a = zyx.Tensor(rng.standard_normal((512, 256)).astype(np.float32), device="cuda")
-    b = zyx.Tensor(rng.standard_normal((256, 128)).astype(np.float32), device="cuda")
+    a = zyx.Tensor(rng.standard_normal((512, 256)).astype(np.float16), device="cuda")
+    b = zyx.Tensor(rng.standard_normal((256, 128)).astype(np.float16), device="cuda")
     c = (a @ b).relu()
     launches = zyx.debug.schedule(c)
     kinds = [(x.kind, x.device, x.name) for x in launches]
-    assert ("library", "cuda:0", "cudnn_matmul_f32_NN_1x512x128x256") in kinds
+    assert ("library", "cuda:0", "cudnn_matmul_f16_f32_NN_1x512x128x256") in kinds
     assert any(k == "generated" and d == "cuda:0" for k, d, _ in kinds)
     assert len(plans) == 1 and plans[0].spec.a_dims == (1, 512, 256)
     assert fake.count("module_load") >= 1  # NVRTC produced cubins that the worker loaded
@@ -1109,7 +1109,7 @@ def _matmuls(t: zyx.Tensor):
 
 def _spec(a: np.ndarray, b: np.ndarray, fa=lambda x: x, fb=lambda x: x):
     (mm,) = _matmuls(fa(zyx.Tensor(a)) @ fb(zyx.Tensor(b)))
-    return mm, cudnn.matmul_spec(mm)
+    return mm, cudnn.matmul_spec(mm, allow_tf32=True)  # float32 goes to cuDNN only as TF32
 
 
 @pytest.mark.parametrize("dtype,name,io", [(np.float32, "f32", "FLOAT"), (np.float16, "f16", "HALF"),
@@ -1119,7 +1119,7 @@ def test_cudnn_description_for_each_dtype(dtype, name, io):
     mm, spec = _spec(np.ones((64, 32), dtype), np.ones((32, 16), dtype))
     assert spec.in_dtype == mm.a.view.base.dtype.name
     assert spec.out_dtype == mm.acc_dtype.name == "float32"  # half inputs accumulate (and output) in float32
-    assert spec.name == f"cudnn_matmul_{name}{'' if name == 'f32' else '_f32'}_NN_1x64x16x32"
+    assert spec.name == f"cudnn_matmul_{name}{'_tf32' if name == 'f32' else '_f32'}_NN_1x64x16x32"
     g, (A, B, C) = cudnn.describe(spec, cd)
     assert (A.get_dim(), A.get_stride()) == ([1, 64, 32], [2048, 32, 1])
     assert (B.get_dim(), B.get_stride()) == ([1, 32, 16], [512, 16, 1])
@@ -1153,6 +1153,9 @@ def test_cudnn_description_batched_transposed_and_broadcast():
 
 
 def test_cudnn_spec_declines_what_it_cannot_run():
+    mm, _ = _spec(np.ones((8, 4), np.float32), np.ones((4, 8), np.float32))
+    spec = cudnn.matmul_spec(mm)  # allow_tf32 off: cuDNN's float32 engines would round products to TF32
+    assert isinstance(spec, str) and "allow_tf32" in spec
     _, spec = _spec(np.ones((8, 4), np.float64), np.ones((4, 8), np.float64))
     assert isinstance(spec, str) and "float64" in spec
     _, spec = _spec(np.ones((8, 4), np.float32), np.ones((4, 8), np.float16))
@@ -1203,7 +1206,7 @@ def test_match_graph_skips_other_devices_and_declined_plans(make_worker, monkeyp
 
     monkeypatch.setattr(cudnn, "build_plan", declined)
     dev = CudaDevice(CudaPool(make_worker()), cudnn=True)
-    mm, _ = _spec(np.ones((64, 64), np.float32), np.ones((64, 64), np.float32))
+    mm, _ = _spec(np.ones((64, 64), np.float16), np.ones((64, 64), np.float16))
     g = _Graph([mm])
     dev.match_graph(g, [mm.cls])  # on "host": not ours
     mm.cls.device = "cuda:0"
@@ -1217,7 +1220,7 @@ def test_cudnn_unavailable_turns_matching_off(make_worker, monkeypatch):
 
     monkeypatch.setattr(cudnn, "build_plan", unavailable)
     dev = CudaDevice(CudaPool(make_worker()), cudnn=True)
-    mm, _ = _spec(np.ones((64, 64), np.float32), np.ones((64, 64), np.float32))
+    mm, _ = _spec(np.ones((64, 64), np.float16), np.ones((64, 64), np.float16))
     mm.cls.device = "cuda:0"
     dev.match_graph(_Graph([mm]), [mm.cls])
     assert dev._cudnn.disabled and "no libcudnn" in dev._cudnn.disabled
