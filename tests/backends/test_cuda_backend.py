@@ -733,6 +733,44 @@ def test_out_of_memory_releases_cache_retries_then_reports(fake, make_worker):
     pool.release(b)
 
 
+def test_small_allocations_are_posted_without_a_round_trip(fake, make_worker, monkeypatch):
+    w = make_worker()
+    pool = CudaPool(w)
+    real_call = w.call
+    monkeypatch.setattr(w, "call", lambda *a: pytest.fail("allocate waited for the worker thread"))
+    ids = [pool.allocate(1024) for _ in range(3)]
+    monkeypatch.setattr(w, "call", real_call)
+    assert len(set(ids)) == 3
+    data = np.arange(256, dtype=np.float32)
+    pool.host_to_pool(memoryview(data.view(np.uint8)), ids[0])  # queued after the posted allocation
+    out = np.empty_like(data)
+    pool.pool_to_host(ids[0], memoryview(out.view(np.uint8)))
+    np.testing.assert_array_equal(out, data)
+    for b in ids:
+        pool.release(b)
+    pool.sync()
+    assert w.call(lambda: len(w.buffers)) == 0 and w._posted_bytes == 0
+
+
+def test_a_posted_allocation_that_fails_raises_at_the_next_sync(fake, make_worker, monkeypatch):
+    w = make_worker()
+    pool = CudaPool(w)
+    pool.sync()
+
+    def full(*args):
+        raise fake_error(driver.OUT_OF_MEMORY, "cuMemAllocAsync")  # another process took the memory meanwhile
+
+    monkeypatch.setattr(fake, "mem_alloc_async", full)
+    monkeypatch.setattr(fake, "mem_alloc", full)
+    bid = pool.allocate(1024)  # looks affordable: posted
+    with pytest.raises(BackendError, match="out of memory on cuda:0: asked") as e:
+        pool.sync()
+    assert e.value.status is ErrorStatus.ALLOCATION
+    with pytest.raises(BackendError, match=f"buffer {bid} is not a live buffer"):
+        pool.pool_to_host(bid, memoryview(np.empty(256, np.float32).view(np.uint8)))
+    pool.release(bid)
+
+
 def test_caching_allocator_without_memory_pools(make_worker):
     fake = FakeDriver(pools=False)
     w = make_worker(drv=fake)

@@ -206,7 +206,9 @@ class Worker:
         self.workspaces: dict[int, tuple[int, int]] = {}  # stream index -> (ptr, size)
         self.held = 0  # bytes reserved for live and dead buffers and workspaces
         self.base_free = 0
-        self._ids = itertools.count(1)
+        self._ids = itertools.count(1)  # buffer and program ids (``next`` is atomic: any thread may draw one)
+        self._posted_lock = threading.Lock()
+        self._posted_bytes = 0  # bytes of posted allocations the worker thread has not made yet
         self._seq = itertools.count(1)
         self._next_sweep = 0.0
         self._timing: tuple[int, int] | None = None
@@ -262,7 +264,24 @@ class Worker:
         return max(self.base_free - self.held, 0)
 
     def allocate(self, nbytes: int) -> int:
-        return self.call(self._w_allocate, nbytes)
+        """A new buffer's id. While the request and the allocations still queued fit in half of the memory this
+        worker has not taken (``free_bytes``), the allocation is posted and the id returned at once: the queue
+        runs it before any use of the id, and the caller does not wait for the worker thread (a round trip was
+        most of a small op's host time). Nearer the limit it runs synchronously, so running out of memory raises
+        here, after the allocator's cached memory was released; a posted allocation that still fails (another
+        process took the memory) raises at the next sync point, and every use of its id fails."""
+        size = alloc_size(nbytes)
+        with self._posted_lock:
+            posted = self._posted_bytes + size
+            if self.fatal is None and not self._closed and 2 * posted <= self.free_bytes():
+                self._posted_bytes = posted
+                bid = next(self._ids)
+            else:
+                bid = None
+        if bid is None:
+            return self.call(self._w_allocate, nbytes)
+        self.post(self._w_allocate, nbytes, bid)
+        return bid
 
     def free(self, buffer: int) -> None:
         self.post(self._w_free, buffer)
@@ -508,11 +527,15 @@ class Worker:
         ready, buf.ready = buf.ready, None
         self._wait_allocated(ready, stream)
 
-    def _w_allocate(self, nbytes: int) -> int:
-        self._usable()
+    def _w_allocate(self, nbytes: int, bid: int | None = None) -> int:
+        """Allocate buffer ``bid`` (a posted allocation, counted in ``_posted_bytes`` until here) or a new id."""
         size = alloc_size(nbytes)
+        if bid is not None:
+            with self._posted_lock:
+                self._posted_bytes -= size
+        self._usable()
         ptr = self._alloc_raw(size)
-        bid = next(self._ids)
+        bid = next(self._ids) if bid is None else bid
         self.buffers[bid] = DeviceBuffer(ptr, nbytes, size, ready=self._allocated_event())
         if debug_on("memory"):
             log("memory", f"{self.name}: allocate #{bid} {nbytes} B at {ptr:#x}")
