@@ -984,6 +984,8 @@ class _Writer:
         total = gpu.loop_size(flat)
         gt = self.g.group_threads
         it = index_type(total + gt)
+        if self.g.unroll > 1 and total > gt:  # independent loads of several iterations in flight per thread
+            self.emit(ind, f"#pragma unroll {self.g.unroll}")
         self.emit(ind, f"for ({it} {var} = {lane}; {var} < {total}; {var} += {gt}) {{")
         i2 = ind + "  "
         self.decode(flat, var, i2)
