@@ -433,3 +433,22 @@ def test_signed_overflow_wraps_as_numpy(device, dtype):
                  "x.prod()": (x.prod(), a.prod()), "x ** 3": (x ** 3, a ** 3)}
     for name, (got, want) in cases.items():
         np.testing.assert_array_equal(got.numpy(), want, err_msg=name)
+
+
+def test_stored_stages_read_elsewhere_stay_separate_kernels(device):
+    """A chain of stored stages, each reading the previous one at other elements (a bitonic sort's stages): fusion
+    merged every stage into one kernel with the next, which then recomputed the previous stage at each element it
+    read, so the work doubled per stage (a 16-element argsort took 115 s to plan). Each stage is its own kernel."""
+    from conftest import kernels_of
+
+    x_np = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)
+    want = x_np.astype(np.float64)
+    with finishes_within(60):
+        x = zyx.Tensor(x_np, device=device)
+        for i in range(16):
+            x = (x.flip(-1) * 0.5 + x.roll(1, -1) * 0.25 + i).contiguous()
+            want = np.flip(want, -1) * 0.5 + np.roll(want, 1, -1) * 0.25 + i
+        if device == "host":
+            assert len(kernels_of(x)) == 16
+        got = x.numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5)

@@ -112,6 +112,32 @@ def _loads(c: Class, node: Node, loaded: set[Class], inline: set[Class]) -> list
     return out
 
 
+KEEPS_INDEX = ELEMENTWISE | {Ops.CONTIGUOUS, Ops.RESHAPE}  # element i of the result reads flat element i of each input
+
+
+def _moved_reads(node: Node, loaded: set[Class], inline: set[Class]) -> set[int]:
+    """Ids of the stored classes and leaves (``_loads``' classes) that ``node`` reads somewhere at another element
+    than its own: through an op outside ``KEEPS_INDEX`` (a movement op, a reduce). A kernel computing ``node``
+    beside such a class would recompute it there instead of sharing it."""
+    out: set[int] = set()
+    seen: set[tuple[int, bool]] = set()
+    stack = [(s, node.op not in KEEPS_INDEX) for s in node.srcs]
+    while stack:
+        s, moved = stack.pop()
+        if (id(s), moved) in seen:
+            continue
+        seen.add((id(s), moved))
+        if s.op is Ops.VAR and not s.realized:
+            continue
+        if s.realized or (s in loaded and s not in inline):
+            if moved:
+                out.add(id(s))
+            continue
+        moved = moved or s.op not in KEEPS_INDEX
+        stack.extend((x, moved) for x in s.srcs)
+    return out
+
+
 def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> Fusion:
     def computed_by(c: Class) -> Node:
         return chosen.get(id(c), c.nodes[0])
@@ -155,6 +181,7 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
         units = [c for c in order if c in stored and id(c) not in aliases]
         deps: dict[int, list[Class]] = {}  # stored classes computed in this plan that c waits for
         reads: dict[int, list[Class]] = {}  # everything c's kernel loads (leaves too)
+        moved: dict[int, set[int]] = {}  # of those, what c reads at other elements than its own
         for c in units:
             n = computed_by(c)
             if c.op is Ops.COPY:
@@ -163,10 +190,11 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
                 ds = list(n.arg.inputs)
             else:
                 ds = _loads(c, n, stored, inline)
+                moved[id(c)] = {id(aliases[i]) if i in aliases else i for i in _moved_reads(n, stored, inline)}
             reads[id(c)] = ds
             deps[id(c)] = [a for a in (aliases.get(id(d), d) for d in ds) if not a.realized]
         root_ids = {id(c) for c in roots}
-        unit_of = _contract(units, deps, root_ids)
+        unit_of = _contract(units, deps, root_ids, moved)
         members: dict[int, list[Class]] = {}
         for c in units:
             members.setdefault(unit_of[id(c)], []).append(c)
@@ -228,9 +256,12 @@ class UnionFind:
         self.parent[self.find(b)] = self.find(a)
 
 
-def _contract(units: list[Class], deps: dict[int, list[Class]], root_ids: set[int]) -> dict[int, int]:
-    """Union generated roots of one shape and device where one loads the other and no other path joins them
-    (so the merged kernel computes both, sharing the work). Returns id(class) -> unit id."""
+def _contract(units: list[Class], deps: dict[int, list[Class]], root_ids: set[int],
+              moved: dict[int, set[int]]) -> dict[int, int]:
+    """Union generated roots of one shape and device where one loads the other, only at its own elements
+    (``moved``: where it reads the other elsewhere, the merged kernel would recompute the other there, and along
+    a chain of such reads the recomputation multiplies), and no other path joins them (so the merged kernel
+    computes both, sharing the work). Returns id(class) -> unit id."""
     sets = UnionFind(id(c) for c in units)
     parent, find = sets.parent, sets.find
 
@@ -248,7 +279,8 @@ def _contract(units: list[Class], deps: dict[int, list[Class]], root_ids: set[in
         if id(c) not in root_ids:
             continue
         for d in deps[id(c)]:
-            if id(d) not in root_ids or d.shape != c.shape or d.device != c.device or Ops.SCAN in (c.op, d.op):
+            if (id(d) not in root_ids or d.shape != c.shape or d.device != c.device or Ops.SCAN in (c.op, d.op)
+                    or id(d) in moved.get(id(c), ())):
                 continue
             a, b = find(id(d)), find(id(c))
             if a == b:
