@@ -19,6 +19,7 @@ UNARY_AND_REDUCE = (
     "log_softmax", "cumsum", "cumprod", "all", "any",
     "reshape", "transpose", "permute", "flatten", "squeeze", "unsqueeze", "flip", "broadcast_to", "repeat_interleave",
     "split", "chunk", "pad", "gather", "take_along_dim", "index_select", "roll", "tril", "triu", "norm", "outer",
+    "sort", "argsort", "topk",
 )
 # name -> (the method for a tensor first, the method for a tensor second)
 BINARY = {

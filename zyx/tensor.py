@@ -1087,6 +1087,25 @@ class Tensor:
                 x = cat([x._slice_axis(d, n - k, n), x._slice_axis(d, 0, n - k)], d)
         return x
 
+    def sort(self, dim: int = -1, descending: bool = False, stable: bool = True):
+        """``(values, indices)`` sorted along ``dim``: stable, NaN last ascending and first descending, the values
+        differentiable (``zyx.sorting``: a bitonic network of zyx ops, one kernel per stage)."""
+        from zyx import sorting
+
+        return sorting.sort(self, dim, descending, stable)
+
+    def argsort(self, dim: int = -1, descending: bool = False, stable: bool = True) -> Tensor:
+        """The int64 positions that sort this tensor along ``dim`` (``sort``'s order)."""
+        from zyx import sorting
+
+        return sorting.argsort(self, dim, descending, stable)
+
+    def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):  # noqa: A002
+        """``(values, indices)`` of the ``k`` largest (or smallest) elements along ``dim``, in order."""
+        from zyx import sorting
+
+        return sorting.topk(self, k, dim, largest, sorted)
+
     def tril(self, diagonal: int = 0) -> Tensor:
         """Zeros above the ``diagonal``-th diagonal of the last two axes (element (i, j) kept when j - i <=
         diagonal)."""

@@ -1,0 +1,111 @@
+"""Sorting: ``sort``, ``argsort`` and ``topk``, as a bitonic network of zyx ops (every backend, no host round trip).
+
+The sort axis moves last and is padded to a power of two ``P``; each of the ``log2(P) (log2(P) + 1) / 2`` stages
+pairs element ``i`` with element ``i ^ j`` and swaps the pairs the network's order wants, on keys (pad, value,
+position): padding after every element; then values in the asked order, NaN last ascending and first descending
+(as NumPy and PyTorch place it); then the original position. So equal values keep their order (the sort is
+stable, for either direction, as ``torch.sort(stable=True)``) and every result is deterministic.
+
+Invariants:
+- Each stage is stored (``contiguous``): inlined, a stage would evaluate both of its input stage's elements per
+  element, doubling the work with every stage.
+- Only positions travel through the network as results; the sorted values are the input gathered at them, so
+  they carry gradients as ``gather`` does (the positions carry none).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from zyx import dtypes
+from zyx.tensor import Tensor, _norm_axis, stack
+
+
+class SortResult(NamedTuple):
+    """``(values, indices)``, as ``torch.sort`` and ``torch.topk`` return them."""
+
+    values: Tensor
+    indices: Tensor
+
+
+def _before(va: Tensor, ia: Tensor, vb: Tensor, ib: Tensor, n: int, descending: bool) -> Tensor:
+    """Whether key (pad, value, position) ``a`` strictly precedes ``b``: positions ``>= n`` are padding."""
+    if va.dtype.is_float:
+        na, nb = va.isnan(), vb.isnan()
+        first = (va > vb) | (na & ~nb) if descending else (va < vb) | (nb & ~na)
+        same = (va == vb) | (na & nb)
+    else:
+        first = va > vb if descending else va < vb
+        same = va == vb
+    pa, pb = ia >= n, ib >= n
+    return (pb & ~pa) | ((pa == pb) & (first | (same & (ia < ib))))
+
+
+def _positions(x: Tensor, descending: bool) -> Tensor:
+    """The positions that sort ``x`` along its last axis (int64, ``x``'s shape)."""
+    n = x.shape[-1]
+    size = 1 << max(0, (n - 1).bit_length())
+    lead = x.shape[:-1]
+    keys = x.detach()
+    if keys.dtype is dtypes.bool_:
+        keys = keys.cast(dtypes.int8)
+    if size > n:
+        keys = keys.pad(((0, 0),) * len(lead) + ((0, size - n),))
+    pos = Tensor.arange(size, dtype=dtypes.int64, device=x.device).reshape((1,) * len(lead) + (size,))
+    pos = pos.expand(*lead, size)
+    k = 2
+    while k <= size:
+        j = k // 2
+        while j >= 1:
+            blocks = size // (2 * j)
+            # the network sorts block a = i // (2 j) up (ascending) where bit k of its first position is clear
+            up = Tensor((np.arange(blocks) * 2 * j & k) == 0, device=x.device).reshape(blocks, 1)
+            v = keys.reshape(*lead, blocks, 2, j)
+            p = pos.reshape(*lead, blocks, 2, j)
+            v0, v1, p0, p1 = v[..., 0, :], v[..., 1, :], p[..., 0, :], p[..., 1, :]
+            swap = up.where(_before(v1, p1, v0, p0, n, descending), _before(v0, p0, v1, p1, n, descending))
+            keys = stack([swap.where(v1, v0), swap.where(v0, v1)], -2).reshape(*lead, size).contiguous()
+            pos = stack([swap.where(p1, p0), swap.where(p0, p1)], -2).reshape(*lead, size).contiguous()
+            j //= 2
+        k *= 2
+    return pos[..., :n] if size > n else pos
+
+
+def argsort(x: Tensor, dim: int = -1, descending: bool = False, stable: bool = True) -> Tensor:
+    """The int64 positions that sort ``x`` along ``dim``, stable (equal values keep their order; ``stable`` is
+    accepted for PyTorch's signature), NaN last ascending and first descending."""
+    if x.ndim == 0:
+        return Tensor.zeros((), dtype=dtypes.int64, device=x.device)
+    axis = _norm_axis(dim, x.ndim, "dim")
+    moved = x.transpose(axis, -1)
+    if moved.shape[-1] <= 1:
+        out = Tensor.zeros(moved.shape, dtype=dtypes.int64, device=x.device)
+    else:
+        out = _positions(moved, descending)
+    return out.transpose(axis, -1)
+
+
+def sort(x: Tensor, dim: int = -1, descending: bool = False, stable: bool = True) -> SortResult:
+    """``(values, indices)`` of ``x`` sorted along ``dim`` (``argsort``'s order); the values carry gradients."""
+    indices = argsort(x, dim, descending, stable)
+    if x.ndim == 0:
+        return SortResult(x, indices)
+    return SortResult(x.gather(dim, indices), indices)
+
+
+def topk(x: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> SortResult:  # noqa: A002
+    """The ``k`` largest (``largest``) or smallest elements along ``dim`` and their positions, in that order (as
+    PyTorch, ``sorted`` False is allowed and gives the same order)."""
+    axis = _norm_axis(dim, max(x.ndim, 1), "dim")
+    n = x.shape[axis] if x.ndim else 1
+    if not 0 <= k <= n:
+        raise ValueError(f"topk: k = {k} is out of range for a dimension of size {n} (shape {x.shape})")
+    indices = argsort(x, axis, descending=largest)
+    if x.ndim:
+        indices = indices._slice_axis(axis, 0, k)
+    return SortResult(x.gather(axis, indices) if x.ndim else x, indices)
+
+
+__all__ = ["SortResult", "argsort", "sort", "topk"]
