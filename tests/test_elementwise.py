@@ -311,3 +311,20 @@ def test_cast_roundtrip_every_dtype(device, rng, dtype):
     else:  # float -> int truncates toward zero (NumPy); negative to unsigned is undefined there, skip those
         ok = f >= 0 if np.dtype(npd).kind == "u" else np.ones_like(f, bool)
         np.testing.assert_array_equal(got[ok], want[ok])
+
+
+def test_float64_to_16_bit_floats_rounds_once(device):
+    """float64 -> float16 / bfloat16 rounds the double itself, as NumPy and ml_dtypes do: through a float32 first,
+    1 + 2**-11 + 2**-40 became the tie 1 + 2**-11 and rounded to 1.0, 65519.99999 became 65520 (inf)."""
+    rng = np.random.default_rng(7)
+    near_ties = np.concatenate([(1 + rng.integers(0, 1024, 64) / 1024 + 2.0 ** -11) * (1 + 2.0 ** -40),
+                                (1 + rng.integers(0, 128, 64) / 128 + 2.0 ** -8) * (1 - 2.0 ** -40)])
+    d = np.concatenate([near_ties, -near_ties, [65519.99999, 65520.0, 2.0 ** -25 + 2.0 ** -50, 2.0 ** -25, 1e300,
+                                                -1e300, 3.3961e38, 1e-320, -0.0, np.inf, np.nan, 0.1, 1 / 3]])
+    x = zyx.Tensor(d, device=device)
+    with np.errstate(over="ignore"):
+        for dtype, npd in ((zyx.float16, np.float16), (zyx.bfloat16, ml_dtypes.bfloat16)):
+            got = x.cast(dtype).numpy().astype(np.float64)
+            want = d.astype(npd).astype(np.float64)
+            np.testing.assert_array_equal(got, want, err_msg=dtype.name)
+            np.testing.assert_array_equal(np.signbit(got), np.signbit(want), err_msg=dtype.name)

@@ -167,8 +167,8 @@ class CStyleRenderer:
         d, sd = e.dtype, e.srcs[0].dtype
         if d is dtypes.bool_:
             return f"({a} != 0)"
-        if d in HALFS:
-            return self.round_half(f"(float)({a})", d)
+        if d in HALFS:  # from a double: rounded once (to odd, then to the half)
+            return self.round_half(f"zyx_f64_to_f32_odd({a})" if sd is dtypes.float64 else f"(float)({a})", d)
         if sd.is_float and d.is_int:
             return self.float_to_int(a, sd, d)
         if sd is dtypes.bool_ and d in (dtypes.float32, dtypes.float64):
@@ -772,6 +772,11 @@ static inline unsigned short zyx_f32_to_float16(float f) {
     if (rem > 0.5f || (rem == 0.5f && (q & 1u))) q++; return (unsigned short)(s | q); }
   uint32_t r = a - 0x38000000u; r += 0xfffu + ((r >> 13) & 1u); return (unsigned short)(s | (r >> 13)); }
 static inline float zyx_round_float16(float f) { return zyx_float16_to_f32(zyx_f32_to_float16(f)); }
+/* double -> float rounded to odd (toward zero, the last bit set when inexact): rounding that float to a 16-bit
+   float rounds the double once, as NumPy does (a plain (float) first would round twice) */
+static inline float zyx_f64_to_f32_odd(double d) { float t = (float)d; uint32_t u; memcpy(&u, &t, 4);
+  if ((double)t != d && d == d) { if (fabs((double)t) > fabs(d)) u -= 1u; u |= 1u; }
+  memcpy(&t, &u, 4); return t; }
 """
 
 

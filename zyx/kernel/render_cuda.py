@@ -143,6 +143,18 @@ ZYX_DEV unsigned short zyx_f32_to_bfloat16(float f) {
 ZYX_DEV float zyx_round_bfloat16(float f) { return zyx_bfloat16_to_f32(zyx_f32_to_bfloat16(f)); }
 """
 
+F64_ODD_PRELUDE = r"""ZYX_DEV float zyx_f64_to_f32_odd(double d) {
+#ifdef __CUDA_ARCH__
+  float t = __double2float_rz(d); unsigned int u = zyx_f2u(t);
+  if ((double)t != d && d == d) u |= 1u;
+#else
+  float t = (float)d; unsigned int u = zyx_f2u(t);
+  if ((double)t != d && d == d) { if (fabs((double)t) > fabs(d)) u -= 1u; u |= 1u; }
+#endif
+  return zyx_u2f(u);
+}
+"""
+
 TF32_PRELUDE = r"""ZYX_DEV unsigned int zyx_f32_to_tf32(float f) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   unsigned int u; asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(u) : "f"(f)); return u;
@@ -298,6 +310,8 @@ class CUDARenderer(CStyleRenderer):
         uses_tf32 = "zyx_f32_to_tf32" in names
         if uses16 or usesbf or uses_tf32 or names & {"zyx_f2u", "zyx_u2f"}:
             parts.append(BITS_PRELUDE)
+        if "zyx_f64_to_f32_odd" in names:  # double -> float rounded to odd (a 16-bit cast rounds once)
+            parts.append(F64_ODD_PRELUDE)
         if uses_tf32:
             parts.append(TF32_PRELUDE)
         if uses16:
