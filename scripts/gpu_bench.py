@@ -154,8 +154,14 @@ def _mma_note(*tensors: zyx.Tensor) -> str:
 
     shapes = re.compile(r"unsigned int zsa\[(\d+)\]\[(\d+)\]\[\d+\];\s*__shared__ __align__\(16\) "
                         r"unsigned int zsb\[\d+\]\[(\d+)\]")
-    found = [m.groups() for src in zyx.debug.kernel_source(*tensors) for m in shapes.finditer(src)]
-    return ", ".join(f"mma {bm}x{bn} tile, {st} stage(s)" for st, bm, bn in found) or "no mma kernel"
+    ring = re.compile(r"unsigned short zsa\[(\d+)\](\[\d+\]\[\d+\]);\s*__shared__ __align__\(16\) "
+                      r"unsigned short zsb\[\d+\](\[\d+\]\[\d+\])")
+    sources = zyx.debug.kernel_source(*tensors)
+    found = [f"mma {bm}x{bn} tile, {st} stage(s)" for src in sources for st, bm, bn in
+             (m.groups() for m in shapes.finditer(src))]
+    found += [f"mma cp.async ring of {st}, tiles a{ta} b{tb}" for src in sources for st, ta, tb in
+              (m.groups() for m in ring.finditer(src))]
+    return ", ".join(found) or "no mma kernel"
 
 
 def _random(shape: tuple[int, ...], dtype: str, seed: int = 0) -> np.ndarray:
@@ -383,8 +389,9 @@ def _forced_gpu_params(env: Env, allow_tf32: bool | None = None, **params: int) 
 
 def case_matmul_generated_variants(env: Env, n: int = 4096) -> list[Row]:
     """The generated matmul's pipeline choices timed side by side, cuDNN off: shared stages 1 / 2 and ldmatrix
-    on / off for float16, then float32 on TF32 tensor cores (allow_tf32) beside torch's TF32 matmul. What the
-    heuristics pick (2 stages, ldmatrix) is only right if the second and third rows beat the first."""
+    on / off for float16, the cp.async ring (``mma_async``, off by default until these rows say otherwise) on the
+    three largest tiles, then float32 on TF32 tensor cores (allow_tf32) beside torch's TF32 matmul. What the
+    heuristics pick (2 stages, ldmatrix, no cp.async) is only right if its row beats the others."""
     if not env.is_cuda:
         return []
     if env.smoke:
@@ -395,9 +402,12 @@ def case_matmul_generated_variants(env: Env, n: int = 4096) -> list[Row]:
     a_np, b_np = _random((n, n), "float16", 5), _random((n, n), "float16", 6)
     a, b = env.tensor(a_np), env.tensor(b_np)
     want = a_np.astype(np.float32)[:64] @ b_np.astype(np.float32)
-    for stages, ldm in ((1, 0), (2, 0), (2, 1)):
-        row = Row(f"matmul float16 {n}^3 generated, {stages} stage(s), ldmatrix {'on' if ldm else 'off'}", "TFLOP/s")
-        with _forced_gpu_params(env, mma_stages=stages, mma_ldmatrix=ldm):
+    variants = [(f"{stages} stage(s), ldmatrix {'on' if ldm else 'off'}", {"mma_stages": stages, "mma_ldmatrix": ldm})
+                for stages, ldm in ((1, 0), (2, 0), (2, 1))]
+    variants += [(f"cp.async ring, tile {tile}", {"mma_async": 1, "mma_tile": tile}) for tile in (0, 1, 2)]
+    for name, params in variants:
+        row = Row(f"matmul float16 {n}^3 generated, {name}", "TFLOP/s")
+        with _forced_gpu_params(env, **params):
             row.note = _mma_note(a @ b)
             row.zyx = flops / median_s(lambda: (a @ b).realize(), env.sync, reps) / 1e12
             z = (a @ b).numpy().astype(np.float32)

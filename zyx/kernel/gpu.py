@@ -55,7 +55,10 @@ Strategies (every kernel gets one; each is correct for every kernel it is chosen
             ``__syncthreads`` again. With ``S = 2`` (software pipelining, ``Geometry.stages``) the block fills
             buffer 0 before the k loop; step ``s`` issues step ``s + 1``'s global loads into registers, computes
             on buffer ``s % 2``, stores the registers into the other buffer and meets one ``__syncthreads``; the
-            math and its order are the same. The epilogue (the output
+            math and its order are the same. With ``async_copy`` (16-bit plain-load operands read as whole
+            16-byte vectors, ``mma_async_applies``) the tiles are ``cp.async`` copies into a ring of up to 4
+            buffers, ``[rows][BK + 8]`` k-first or ``[BK][rows + 8]`` row-first, read by ``ldmatrix`` (``.trans``
+            for row-first tiles); no registers stage them. The epilogue (the output
             block's statements and stores) runs per accumulator element inside the bounds. Chosen before every
             other strategy when it applies. A float32 contraction takes this layout only when the device allows
             TF32 (``DeviceInfo.allow_tf32``, sm_80+): the fill rounds each operand to tf32 (``cvt.rna``) into one
@@ -79,7 +82,8 @@ always when there is a reduce; ``thread`` and ``columns`` when every top-level r
 (an index into ``MMA_TILES``: block tile, k step and warp grid; only those whose shared arrays fit
 ``info.local_memory_bytes`` and whose block fits the thread limit), ``mma_stages`` (``MMA_STAGES``: 2 double
 buffers the tiles; 2 is listed only when some tile fits twice, and the heuristic takes it when its tile does),
-``mma_ldmatrix`` (1 / 0: 16-bit fragments of k-first tiles by ``ldmatrix``; listed where it applies) and
+``mma_ldmatrix`` (1 / 0: 16-bit fragments of k-first tiles by ``ldmatrix``; listed where it applies),
+``mma_async`` (0 / 1: the ``cp.async`` ring; listed where it applies, off by default until measured) and
 ``vector`` (1 / 0: vector accesses of the ``thread`` layout on / off; listed only when some access can be
 proven aligned) and ``unroll`` (``UNROLL_CHOICES``: ``#pragma unroll`` of the ``group`` and ``columns`` layouts'
 lane-strided loops). No parameter changes what a
@@ -186,6 +190,13 @@ class MmaTile:
         """``shared_bytes_of`` 16-bit operands, one stage."""
         return self.shared_bytes_of(dtypes.float16)
 
+    def async_shared_bytes(self, k_first: tuple[bool, bool], stages: int) -> int:
+        """Bytes of the ``cp.async`` layout's tiles (16-bit elements, ``stages`` buffers): a k-first operand as
+        ``[rows][bk + 8]``, a row-first one as ``[bk][rows + 8]`` (``mma_async_layout``)."""
+        per = sum((rows * (self.bk + ASYNC_PAD) if kf else self.bk * (rows + ASYNC_PAD))
+                  for rows, kf in ((self.bm, k_first[0]), (self.bn, k_first[1])))
+        return 2 * per * stages
+
 
 def mma_swizzle(k_first: bool, words: int) -> int:
     """The XOR mask of a shared tile's word columns (0: none). A tile filled row-first (not ``k_first``) with
@@ -202,6 +213,9 @@ def mma_swizzled(group: int, mask: int) -> int:
     return (group ^ (group << 1) ^ (group << 3)) & mask
 
 
+ASYNC_PAD = 8  # 16-bit elements padding each row of a cp.async tile: rows 16 bytes apart mod 128, so the 8 rows
+# that one ldmatrix matrix reads fall in distinct bank quads
+ASYNC_STAGES = (4, 3, 2)  # cp.async ring buffers: the most whose tiles fit the shared memory
 MMA_STAGES = (2, 1)  # shared buffers per operand: 2 overlaps the next k step's global loads with the mma's
 # the ``mma_tile`` parameter's values index this tuple; the heuristic takes the first that gives every SM a block
 MMA_TILES = (MmaTile(128, 128, 32, 2, 4), MmaTile(128, 64, 32, 2, 2), MmaTile(64, 64, 32, 2, 2),
@@ -238,6 +252,7 @@ class Geometry:
     tile: MmaTile | None = None  # for "mma": the block / warp tiling
     stages: int = 1  # for "mma": shared buffers per operand (``MMA_STAGES``; 2: software pipelined)
     ldmatrix: bool = False  # for "mma": 16-bit fragments of unswizzled (k-first) tiles by ldmatrix on sm_80+
+    async_copy: bool = False  # for "mma": tiles filled by cp.async into a ring of ``stages`` buffers (no registers)
     vector: int = 1  # for "thread": consecutive outputs per thread along the innermost loop (``plan_vector``)
     unroll: int = 1  # for "group" / "columns": the lane-strided loops unrolled this many times (loads in flight)
     vector_loads: frozenset[Expr] = frozenset()  # loads read as 16-byte (or narrower) vectors when ``vector > 1``
@@ -627,16 +642,32 @@ def mma_ldmatrix_applies(c: Contraction) -> bool:
     return c.dtype is not dtypes.float32 and any(mma_fill_order(c))
 
 
+def mma_async_applies(c: Contraction) -> bool:
+    """Whether both tiles of ``c`` can be filled by 16-byte ``cp.async`` copies (sm_80+): 16-bit operands that are
+    plain loads read as whole vectors (``mma_vector_fill``), copied as they are (no expression between the load
+    and the tile)."""
+    return c.dtype is not dtypes.float32 and all(mma_vector_fill(c))
+
+
+def mma_async_stages(c: Contraction, t: MmaTile, info: DeviceInfo) -> int:
+    """The most ``ASYNC_STAGES`` buffers of ``t``'s ``cp.async`` tiles that fit ``info``'s shared memory (0: none)."""
+    shared = info.local_memory_bytes or 48 * 1024
+    order = mma_fill_order(c)
+    return next((s for s in ASYNC_STAGES if t.async_shared_bytes(order, s) <= shared), 0)
+
+
 def _mma_geometry(k: Kernel, info: DeviceInfo, tile: int | None = None, stages: int | None = None,
-                  ldmatrix: int | None = None) -> Geometry | None:
+                  ldmatrix: int | None = None, async_copy: int | None = None) -> Geometry | None:
     """Tensor cores for a 16-bit contraction (sm_80+: ``mma.sync.m16n8k16``), or a float32 one when
     ``info.allow_tf32`` (``m16n8k8`` on tf32-rounded operands), one block per ``MmaTile`` of the output, when the
     contraction is at least one mma tile in each dimension. ``tile`` indexes ``MMA_TILES`` and ``stages`` is one
     of ``MMA_STAGES``; a tile that does not fit ``info`` with those stages is replaced by the heuristic's among
     those that do, and stages that no tile fits (or not in ``MMA_STAGES``) by the heuristic's; ``ldmatrix`` 0
-    turns ``ldmatrix`` fragment loads off (on by default where ``mma_ldmatrix_applies``). The heuristic
-    takes the largest tiling (single-buffered) that gives every SM a block, else the one with the most blocks,
-    then 2 stages when that tile fits them, else 1."""
+    turns ``ldmatrix`` fragment loads off (on by default where ``mma_ldmatrix_applies``). ``async_copy`` 1 fills
+    the tiles by ``cp.async`` where ``mma_async_applies``, into the most ``ASYNC_STAGES`` buffers of the tile that
+    fit (``stages`` is then that count; fragments by ``ldmatrix``, ``.trans`` for row-first tiles); off by default
+    until measured on a GPU. The heuristic takes the largest tiling (single-buffered) that gives every SM a block,
+    else the one with the most blocks, then 2 stages when that tile fits them, else 1."""
     cap = info.compute_capability or (0, 0)
     if not info.tensor_cores or cap < (8, 0):
         return None
@@ -661,6 +692,10 @@ def _mma_geometry(k: Kernel, info: DeviceInfo, tile: int | None = None, stages: 
     t = MMA_TILES[tile]
     items = blocks(t)
     n = len(k.loops)
+    ring = mma_async_stages(c, t, info) if async_copy == 1 and mma_async_applies(c) else 0
+    if ring:
+        return Geometry("mma", n, n, items, WARP, t.warps, (WARP, t.warps, 1), c, t, stages=ring, ldmatrix=True,
+                        async_copy=True)
     return Geometry("mma", n, n, items, WARP, t.warps, (WARP, t.warps, 1), c, t,
                     stages=stages, ldmatrix=ldmatrix != 0 and mma_ldmatrix_applies(c))
 
@@ -725,7 +760,8 @@ def _choices(k: Kernel, info: DeviceInfo, root: Block, params: Params) -> tuple[
     if not depths:
         return "thread", {"thread": _thread_geometry(k, info, threads)}
     legal: dict[str, Geometry] = {}
-    mma = _mma_geometry(k, info, params.get("mma_tile"), params.get("mma_stages"), params.get("mma_ldmatrix"))
+    mma = _mma_geometry(k, info, params.get("mma_tile"), params.get("mma_stages"), params.get("mma_ldmatrix"),
+                        params.get("mma_async"))
     if mma is not None:
         legal["mma"] = mma
     legal["group"] = _group_geometry(root, s, info, elems, params.get("warps_per_block", WARP_GROUPS_PER_BLOCK))
@@ -1048,6 +1084,8 @@ def search_space(k: Kernel, info: DeviceInfo) -> dict[str, tuple[int, ...]]:
         p["mma_stages"] = (stages,) + tuple(s for s in MMA_STAGES if s != stages and mma_tiles(info, dtype, s))
         if legal["mma"].ldmatrix:
             p["mma_ldmatrix"] = (1, 0)
+        if mma_async_applies(legal["mma"].contraction):  # type: ignore[arg-type]
+            p["mma_async"] = (0, 1)
     return p
 
 
@@ -1063,7 +1101,8 @@ def geometry(k: Kernel, sized: bool = True) -> Geometry:
 
 __all__ = ["Contraction", "GPU_PASSES", "Geometry", "MMA_TILES", "MmaTile", "access_sectors", "coalesced_across",
            "find_contraction", "flatten_count", "geometry", "lane_strides", "mma_fill_order", "mma_k", "mma_pack",
-           "MMA_STAGES", "mma_ldmatrix_applies", "mma_swizzle", "mma_swizzled", "mma_tiles", "mma_vector",
+           "MMA_STAGES", "mma_async_applies", "mma_async_stages", "mma_ldmatrix_applies",
+           "mma_swizzle", "mma_swizzled", "mma_tiles", "mma_vector",
            "mma_vector_fill",
            "optimize", "order_output_loops", "order_reduce_ranges", "output_blocks", "output_loops", "plan",
            "plan_vector", "vector_piece", "contiguous_aligned",

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from zyx import dtypes
@@ -153,6 +154,41 @@ F64_ODD_PRELUDE = r"""ZYX_DEV float zyx_f64_to_f32_odd(double d) {
 #endif
   return zyx_u2f(u);
 }
+"""
+
+ASYNC_PRELUDE = r"""#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+struct zyx_cp_queue {};
+ZYX_DEV void zyx_cp_async(zyx_cp_queue&, void* dst, const void* src, bool ok) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+      :: "r"((unsigned int)__cvta_generic_to_shared(dst)), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+ZYX_DEV void zyx_cp_commit(zyx_cp_queue&) { asm volatile("cp.async.commit_group;" ::: "memory"); }
+ZYX_DEV void zyx_cp_wait(zyx_cp_queue&, int pending) {
+  if (pending <= 0) asm volatile("cp.async.wait_group 0;" ::: "memory");
+  else if (pending == 1) asm volatile("cp.async.wait_group 1;" ::: "memory");
+  else asm volatile("cp.async.wait_group 2;" ::: "memory");
+}
+#else
+/* Off the GPU a copy lands when a wait retires its group, the latest the PTX allows: a step that reads a buffer
+   before waiting for it reads stale data, as on the device. */
+struct zyx_cp_queue { void* dst[64]; const void* src[64]; int group[64]; int n = 0, groups = 0; };
+ZYX_DEV void zyx_cp_async(zyx_cp_queue& q, void* dst, const void* src, bool ok) {
+  if (q.n == 64) __builtin_trap();
+  q.dst[q.n] = dst; q.src[q.n] = ok ? src : nullptr; q.group[q.n++] = q.groups;
+}
+ZYX_DEV void zyx_cp_commit(zyx_cp_queue& q) { q.groups++; }
+ZYX_DEV void zyx_cp_wait(zyx_cp_queue& q, int pending) {
+  int kept = 0;
+  for (int i = 0; i < q.n; i++) {
+    if (q.group[i] < q.groups - pending) {
+      if (q.src[i]) memcpy(q.dst[i], q.src[i], 16); else memset(q.dst[i], 0, 16);
+    } else {
+      q.dst[kept] = q.dst[i]; q.src[kept] = q.src[i]; q.group[kept++] = q.group[i];
+    }
+  }
+  q.n = kept;
+}
+#endif
 """
 
 TF32_PRELUDE = r"""ZYX_DEV unsigned int zyx_f32_to_tf32(float f) {
@@ -310,6 +346,8 @@ class CUDARenderer(CStyleRenderer):
         uses_tf32 = "zyx_f32_to_tf32" in names
         if uses16 or usesbf or uses_tf32 or names & {"zyx_f2u", "zyx_u2f"}:
             parts.append(BITS_PRELUDE)
+        if "zyx_cp_async" in names:  # the cp.async mma fill (``gpu.Geometry.async_copy``)
+            parts.append(ASYNC_PRELUDE)
         if "zyx_f64_to_f32_odd" in names:  # double -> float rounded to odd (a 16-bit cast rounds once)
             parts.append(F64_ODD_PRELUDE)
         if uses_tf32:
@@ -400,25 +438,26 @@ class _Writer:
         words as the word reads, exactly emulated off the GPU."""
         g, c, t = self.g, self.g.contraction, self.g.tile
         assert c is not None and t is not None
-        blocks = gpu.output_blocks(root)
         loops = gpu.output_loops(root)
-        size_m, size_n, size_k = c.m.arg[1], c.n.arg[1], c.k.arg[1]
+        size_m, size_n = c.m.arg[1], c.n.arg[1]
         blocks_m, blocks_n = -(-size_m // t.bm), -(-size_n // t.bn)
         batch = [lp for lp in loops if lp.range is not c.m and lp.range is not c.n]
-        pack = gpu.mma_pack(c.dtype)
-        tm, tn, kw = t.tiles_m, t.tiles_n, t.bk // pack
-        wtm, wtn = t.bm // t.wm, t.bn // t.wn
-        threads = t.warps * gpu.WARP
+        tm, tn = t.tiles_m, t.tiles_n
         stages = g.stages
         it = index_type(g.items + g.grid[0])
         a_k, b_k = gpu.mma_fill_order(c)
-        a_v, b_v = gpu.mma_vector_fill(c)
-        a_s, b_s = gpu.mma_swizzle(a_k, kw), gpu.mma_swizzle(b_k, kw)
-        rw = t.row_words(True, pack)
-        self.shared.append(f"  __shared__ __align__(16) unsigned int zsa[{stages}][{t.bm}][{rw}];")
-        self.shared.append(f"  __shared__ __align__(16) unsigned int zsb[{stages}][{t.bn}][{rw}];")
+        rw = t.row_words(True, gpu.mma_pack(c.dtype))
+        if g.async_copy:  # 16-bit elements: k-first [rows][bk + pad], row-first [bk][rows + pad]
+            for arr, rows, kf in (("zsa", t.bm, a_k), ("zsb", t.bn, b_k)):
+                dims = f"[{rows}][{t.bk + gpu.ASYNC_PAD}]" if kf else f"[{t.bk}][{rows + gpu.ASYNC_PAD}]"
+                self.shared.append(f"  __shared__ __align__(16) unsigned short {arr}[{stages}]{dims};")
+        else:
+            self.shared.append(f"  __shared__ __align__(16) unsigned int zsa[{stages}][{t.bm}][{rw}];")
+            self.shared.append(f"  __shared__ __align__(16) unsigned int zsb[{stages}][{t.bn}][{rw}];")
         self.emit("  ", "const int zl = threadIdx.x, zw = threadIdx.y, zr = zl >> 2, zt = zl & 3;")
         self.emit("  ", f"const int zid = zw * {gpu.WARP} + zl, zwm = zw / {t.wn}, zwn = zw % {t.wn};")
+        if g.async_copy:
+            self.emit("  ", "zyx_cp_queue zq;")
         self.emit("  ", f"for ({it} zg = ({it})blockIdx.x; zg < {g.items}; zg += ({it})gridDim.x) {{")
         ind = "    "
         if batch:
@@ -429,6 +468,26 @@ class _Writer:
         self.emit(ind, f"float zc[{tm}][{tn}][4];")
         self.emit(ind, f"for (int zi = 0; zi < {tm}; zi++) for (int zj = 0; zj < {tn}; zj++) "
                        "for (int zq = 0; zq < 4; zq++) zc[zi][zj][zq] = 0.0f;")
+        if g.async_copy:
+            self.mma_async_steps(ind)
+        else:
+            self.mma_register_steps(ind)
+        self.mma_epilogue(root, ind)
+        self.emit("  ", "}")
+
+    def mma_register_steps(self, ind: str) -> None:
+        """The k loop of ``mma_frame`` whose threads fill the tiles through registers (``S = g.stages``)."""
+        g, c, t = self.g, self.g.contraction, self.g.tile
+        assert c is not None and t is not None
+        size_m, size_n, size_k = c.m.arg[1], c.n.arg[1], c.k.arg[1]
+        pack = gpu.mma_pack(c.dtype)
+        tm, tn, kw = t.tiles_m, t.tiles_n, t.bk // pack
+        wtm, wtn = t.bm // t.wm, t.bn // t.wn
+        threads = t.warps * gpu.WARP
+        stages = g.stages
+        a_k, b_k = gpu.mma_fill_order(c)
+        a_v, b_v = gpu.mma_vector_fill(c)
+        a_s, b_s = gpu.mma_swizzle(a_k, kw), gpu.mma_swizzle(b_k, kw)
         fill = self.fill_tile if pack == 2 else self.fill_tile_tf32
         ops = ((c.a, "zsa", "zra", c.m, "zbm", size_m, t.bm, a_k, a_v, a_s),
                (c.b, "zsb", "zrb", c.n, "zbn", size_n, t.bn, b_k, b_v, b_s))
@@ -490,14 +549,7 @@ class _Writer:
             self.emit(i3, f"  zb[zj][0] = zsb[zbf][zv][{col('zp + zt', 'zv', b_s)}]; "
                           f"zb[zj][1] = zsb[zbf][zv][{col('zp + zt + 4', 'zv', b_s)}];")
         self.emit(i3, "}")
-        self.emit(i3, "#pragma unroll")
-        self.emit(i3, f"for (int zi = 0; zi < {tm}; zi++) {{")
-        self.emit(i3, "#pragma unroll")
-        self.emit(i3, f"for (int zj = 0; zj < {tn}; zj++) {{")
-        i4 = i3 + "  "
-        self.mma_step(c.dtype, "zc[zi][zj]", "za[zi]", "zb[zj]", i4)
-        self.emit(i3, "}")
-        self.emit(i3, "}")
+        self.mma_products(i3)
         self.emit(i2, "}")
         if stages == 2:  # the other buffer was last read in the previous step, before its barrier
             self.emit(i2, "if (zpf) {")
@@ -505,6 +557,100 @@ class _Writer:
             self.emit(i2, "}")
         self.emit(i2, "__syncthreads();")
         self.emit(ind, "}")
+
+    def mma_products(self, ind: str) -> None:
+        """Every warp's ``zc[zi][zj] += za[zi] x zb[zj]`` of one k16 (k8 tf32) step."""
+        c, t = self.g.contraction, self.g.tile
+        assert c is not None and t is not None
+        self.emit(ind, "#pragma unroll")
+        self.emit(ind, f"for (int zi = 0; zi < {t.tiles_m}; zi++) {{")
+        self.emit(ind, "#pragma unroll")
+        self.emit(ind, f"for (int zj = 0; zj < {t.tiles_n}; zj++) {{")
+        self.mma_step(c.dtype, "zc[zi][zj]", "za[zi]", "zb[zj]", ind + "  ")
+        self.emit(ind, "}")
+        self.emit(ind, "}")
+
+    def mma_async_steps(self, ind: str) -> None:
+        """The k loop of ``mma_frame`` with ``g.async_copy``: a ring of ``S = g.stages`` buffers filled by 16-byte
+        ``cp.async`` copies (``zyx_cp_async``; a vector outside the bounds copies nothing and leaves zeros), one
+        commit group per k step. The prologue issues steps ``0 .. S - 2``; step ``zk`` (buffer ``zbf``) waits until
+        at most ``S - 2`` groups are pending (its own has landed), meets a barrier (every thread's copies are
+        visible, and every warp is done with the buffer of step ``zk - bk``), issues step ``zk + (S - 1) bk`` into
+        that buffer and runs its mma's. A k-first tile is ``[rows][bk + pad]`` (fragments by ``ldmatrix``), a
+        row-first one ``[bk][rows + pad]`` (``ldmatrix.trans``): every copy is one row segment of 8 elements.
+        After the last step all copies are waited for and a barrier orders the last reads before the next tile."""
+        g, c, t = self.g, self.g.contraction, self.g.tile
+        assert c is not None and t is not None
+        S, bk, size_k = g.stages, t.bk, c.k.arg[1]
+        a_k, b_k = gpu.mma_fill_order(c)
+        wtm, wtn = t.bm // t.wm, t.bn // t.wn
+        v = gpu.VECTOR
+        ops = ((c.a, "zsa", c.m, "zbm", t.bm, a_k), (c.b, "zsb", c.n, "zbn", t.bn, b_k))
+
+        def fill(kb: str, buf: str, ind: str) -> None:
+            for u, arr, r, base, rows, kf in ops:
+                per = (bk // v, rows) if kf else (rows // v, bk)
+                i2, guard = self.fill_loop(per, kf, t.warps * gpu.WARP, ind)
+                if kf:  # zu: row, zv: 8-element k segment
+                    at = {r: (f"{base} + zu", r.arg[1]), c.k: (f"{kb} + {v} * zv", size_k)}
+                    dst = f"&{arr}[{buf}][zu][{v} * zv]"
+                else:  # zu: 8-row segment, zv: k
+                    at = {r: (f"{base} + {v} * zu", r.arg[1]), c.k: (f"{kb} + zv", size_k)}
+                    dst = f"&{arr}[{buf}][zv][{v} * zu]"
+                self.async_copy(u, at, dst, i2)
+                self.close_loop(guard, ind)
+
+        self.emit(ind, "#pragma unroll")
+        self.emit(ind, f"for (int zs = 0; zs < {S - 1}; zs++) {{")
+        self.emit(ind + "  ", f"if (zs * {bk} < {size_k}) {{")
+        fill(f"zs * {bk}", "zs", ind + "    ")
+        self.emit(ind + "  ", "}")
+        self.emit(ind + "  ", "zyx_cp_commit(zq);")
+        self.emit(ind, "}")
+        self.emit(ind, f"for (int zk = 0, zbf = 0; zk < {size_k}; zk += {bk}, zbf = zbf == {S - 1} ? 0 : zbf + 1) {{")
+        i2 = ind + "  "
+        self.emit(i2, f"zyx_cp_wait(zq, {S - 2});")
+        self.emit(i2, "__syncthreads();")
+        self.emit(i2, f"if (zk + {(S - 1) * bk} < {size_k}) {{")
+        self.emit(i2 + "  ", f"const int zsn = zbf == 0 ? {S - 1} : zbf - 1;")
+        fill(f"zk + {(S - 1) * bk}", "zsn", i2 + "  ")
+        self.emit(i2, "}")
+        self.emit(i2, "zyx_cp_commit(zq);")
+        self.emit(i2, "#pragma unroll")
+        self.emit(i2, f"for (int zp = 0; zp < {bk}; zp += {gpu.MMA_K}) {{")
+        i3 = i2 + "  "
+        self.emit(i3, f"unsigned int za[{t.tiles_m}][4], zb[{t.tiles_n}][2];")
+        self.emit(i3, "#pragma unroll")
+        self.emit(i3, f"for (int zi = 0; zi < {t.tiles_m}; zi++) {{")
+        if a_k:  # lanes 0-15: rows 0-15 at k zp, lanes 16-31: at k zp + 8 (matrices a0a1, a2a3, a4a5, a6a7)
+            self.ldmatrix("za[zi]", 4, f"zsa[zbf][zwm * {wtm} + zi * {gpu.MMA_M} + (zl & 15)][zp + ((zl >> 4) << 3)]",
+                          i3 + "  ")
+        else:  # lane 8q + j: k row zp + j (+ 8 for q >= 2), columns m (+ 8 for odd q)
+            self.ldmatrix("za[zi]", 4, f"zsa[zbf][zp + (zl & 7) + ((zl >> 4) << 3)]"
+                                       f"[zwm * {wtm} + zi * {gpu.MMA_M} + (((zl >> 3) & 1) << 3)]", i3 + "  ", True)
+        self.emit(i3, "}")
+        self.emit(i3, "#pragma unroll")
+        self.emit(i3, f"for (int zj = 0; zj < {t.tiles_n}; zj++) {{")
+        if b_k:  # lanes 0-7: columns n at k zp, lanes 8-15: at k zp + 8
+            self.ldmatrix("zb[zj]", 2, f"zsb[zbf][zwn * {wtn} + zj * {gpu.MMA_N} + (zl & 7)]"
+                                       "[zp + (((zl >> 3) & 1) << 3)]", i3 + "  ")
+        else:  # lane j < 16: k row zp + j, the tile's 8 columns
+            self.ldmatrix("zb[zj]", 2, f"zsb[zbf][zp + (zl & 15)][zwn * {wtn} + zj * {gpu.MMA_N}]", i3 + "  ", True)
+        self.emit(i3, "}")
+        self.mma_products(i3)
+        self.emit(i2, "}")
+        self.emit(ind, "}")
+        self.emit(ind, "zyx_cp_wait(zq, 0);")
+        self.emit(ind, "__syncthreads();")
+
+    def mma_epilogue(self, root: Block, ind: str) -> None:
+        """Per accumulator element inside the bounds: the output block's statements and stores."""
+        c, t = self.g.contraction, self.g.tile
+        assert c is not None and t is not None
+        blocks = gpu.output_blocks(root)
+        size_m, size_n = c.m.arg[1], c.n.arg[1]
+        tm, tn = t.tiles_m, t.tiles_n
+        wtm, wtn = t.bm // t.wm, t.bn // t.wn
         self.emit(ind, f"for (int zi = 0; zi < {tm}; zi++) for (int zj = 0; zj < {tn}; zj++) "
                        "for (int zq = 0; zq < 4; zq++) {")
         i2 = ind + "  "
@@ -524,7 +670,6 @@ class _Writer:
         self.name = saved
         self.emit(i2, "}")
         self.emit(ind, "}")
-        self.emit("  ", "}")
 
     @staticmethod
     def fill_shape(pack: int, k_first: bool, vector: bool, rows: int, kw: int) -> tuple[tuple[int, int], str]:
@@ -649,6 +794,17 @@ class _Writer:
     def vector_load(self, u: Expr, at: dict[Expr, tuple[str, int]], reg: str, ind: str) -> None:
         """``reg = `` the 16 bytes of the plain load ``u``'s buffer from its index at the range values ``at``
         (C expression, size per range; left as is when one is out of bounds)."""
+        self.vector_access(u, at, lambda src, inb: f"if ({inb}) {reg} = *(const uint4*){src};", ind)
+
+    def async_copy(self, u: Expr, at: dict[Expr, tuple[str, int]], dst: str, ind: str) -> None:
+        """``zyx_cp_async`` of the 16 bytes of the plain load ``u`` at the range values ``at`` to ``dst``: a copy
+        of nothing (zeros) when one is out of bounds, from a clamped address."""
+        self.vector_access(u, at, lambda src, inb: f"zyx_cp_async(zq, {dst}, {src}, {inb});", ind)
+
+    def vector_access(self, u: Expr, at: dict[Expr, tuple[str, int]], stmt: Callable[[str, str], str],
+                      ind: str) -> None:
+        """A scope defining the ranges of ``at`` (C expression, size per range) clamped into the bounds and the
+        index of the plain load ``u`` there, then ``stmt(address, in-bounds condition)``."""
         self.emit(ind, "{")
         i2 = ind + "  "
         inb = " && ".join(f"({x}) < {n}" for x, n in at.values())
@@ -658,29 +814,46 @@ class _Writer:
         for e in ir.toposort([u.srcs[0]]):
             if e.op not in (Ops.CONST, Ops.RANGE):
                 self.define(e, i2)
-        self.emit(i2, f"if ({inb}) {reg} = *(const uint4*)(p{u.arg} + {self.value(u.srcs[0])});")
+        self.emit(i2, stmt(f"(p{u.arg} + {self.value(u.srcs[0])})", inb))
         self.name = saved
         self.emit(ind, "}")
 
-    def ldmatrix(self, regs: str, count: int, word: str, ind: str) -> None:
-        """``regs[0..count)`` = ``ldmatrix.sync.aligned.m8n8.x{count}.shared.b16`` of the 8x8 matrices whose rows
-        start at ``&word`` (a shared word; lane ``8q + j`` gives row ``j`` of matrix ``q``): lane ``l`` receives
-        word ``l & 3`` of row ``l >> 2`` of matrix ``q`` in ``regs[q]``. Off the GPU (or below sm_80) the same:
-        each lane takes the row address of lane ``8q + (l >> 2)`` by ``__shfl_sync`` and reads that word."""
+    def ldmatrix(self, regs: str, count: int, word: str, ind: str, trans: bool = False) -> None:
+        """``regs[0..count)`` = ``ldmatrix.sync.aligned.m8n8.x{count}.shared.b16`` of the 8x8 matrices of 16-bit
+        elements whose rows start at ``&word`` (lane ``8q + j`` gives row ``j`` of matrix ``q``): lane ``l``
+        receives elements ``2 (l & 3)`` and ``2 (l & 3) + 1`` of row ``l >> 2`` of matrix ``q`` in ``regs[q]``;
+        with ``trans`` (``.trans``) element ``l >> 2`` of rows ``2 (l & 3)`` and ``2 (l & 3) + 1`` (low half
+        first). Off the GPU (or below sm_80) the same: each lane takes the row addresses of those lanes by
+        ``__shfl_sync`` and reads the elements."""
         outs = ", ".join(f"%{q}" for q in range(count))
         dsts = ", ".join(f'"=r"({regs}[{q}])' for q in range(count))
+        if trans:
+            emulated = [
+                f"{ind}  for (int zq = 0; zq < {count}; zq++) {{",
+                f"{ind}    const unsigned short* zlo = (const unsigned short*)__shfl_sync({FULL_MASK}, zad, "
+                "zq * 8 + 2 * zt);",
+                f"{ind}    const unsigned short* zhi = (const unsigned short*)__shfl_sync({FULL_MASK}, zad, "
+                "zq * 8 + 2 * zt + 1);",
+                f"{ind}    {regs}[zq] = (unsigned int)zlo[zr] | ((unsigned int)zhi[zr] << 16);",
+                f"{ind}  }}",
+            ]
+        else:
+            emulated = [
+                f"{ind}  for (int zq = 0; zq < {count}; zq++)",
+                f"{ind}    {regs}[zq] = ((const unsigned int*)__shfl_sync({FULL_MASK}, zad, zq * 8 + zr))[zt];",
+            ]
         self.lines.extend([
             "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800",
             f"{ind}{{",
             f"{ind}  const unsigned int zad = (unsigned int)__cvta_generic_to_shared(&{word});",
-            f'{ind}  asm volatile("ldmatrix.sync.aligned.m8n8.x{count}.shared.b16 {{{outs}}}, [%{count}];"',
+            f'{ind}  asm volatile("ldmatrix.sync.aligned.m8n8.x{count}{".trans" if trans else ""}.shared.b16 '
+            f'{{{outs}}}, [%{count}];"',
             f'{ind}      : {dsts} : "r"(zad) : "memory");',
             f"{ind}}}",
             "#else",
             f"{ind}{{",
             f"{ind}  const unsigned long long zad = (unsigned long long)&{word};",
-            f"{ind}  for (int zq = 0; zq < {count}; zq++)",
-            f"{ind}    {regs}[zq] = ((const unsigned int*)__shfl_sync({FULL_MASK}, zad, zq * 8 + zr))[zt];",
+            *emulated,
             f"{ind}}}",
             "#endif",
         ])
