@@ -42,17 +42,30 @@ def test_async_fill_is_listed_where_every_operand_is_a_whole_vector_load():
     for i in space["mma_tile"]:
         g = gpu.geometry(gpu.optimize(k, INFO, {"mma_tile": i, "mma_async": 1}))
         assert g.async_copy and g.ldmatrix and g.stages in gpu.ASYNC_STAGES and g.tile == gpu.MMA_TILES[i]
-        assert g.tile.async_shared_bytes(gpu.mma_fill_order(g.contraction), g.stages) <= INFO.local_memory_bytes
+        ring = g.tile.async_shared_bytes(gpu.mma_fill_order(g.contraction), g.stages)
+        assert ring <= INFO.shared_optin_bytes
         more = next((s for s in gpu.ASYNC_STAGES if s > g.stages), None)  # the most buffers that fit
-        assert more is None or g.tile.async_shared_bytes(gpu.mma_fill_order(g.contraction), more) > 48 * 1024
+        assert more is None or g.tile.async_shared_bytes(gpu.mma_fill_order(g.contraction), more) > ring
     ragged = matmul_kernel((33, 47), (47, 70), "float16")  # k = 47: no vector along k, scalar fills
     assert "mma_async" not in gpu.search_space(ragged, INFO)
     assert not gpu.geometry(gpu.optimize(ragged, INFO, {"mma_async": 1})).async_copy
     k32 = matmul_kernel((256, 256), (256, 256), "float32")  # tf32 words are rounded on the way: no plain copy
     assert "mma_async" not in gpu.search_space(k32, TF32)
-    small = replace(INFO, local_memory_bytes=4 * 1024)  # no tile's two buffers fit: the register fill stays
+    small = replace(INFO, local_memory_bytes=4 * 1024, shared_optin_bytes=0)  # no ring fits: register fills
     g = gpu.geometry(gpu.optimize(k, small, {"mma_async": 1}))
     assert g.strategy != "mma" or not g.async_copy
+
+
+def test_the_ring_is_dynamic_shared_memory_beyond_the_static_48_kib():
+    """Four 128x128 buffers (76 KiB) exceed static shared memory: the ring is ``extern __shared__``, the launch
+    passes its size (the worker opts the function into it), and a device that allows less gets fewer buffers."""
+    k = matmul_kernel((256, 256), (256, 256), "float16")
+    g, src, cs = render(k, "float16", {"mma_tile": 0, "mma_async": 1})
+    assert g.stages == 4 and "extern __shared__ __align__(16) unsigned short zsh[];" in src
+    assert cs.shared_bytes == g.tile.async_shared_bytes(gpu.mma_fill_order(g.contraction), 4) > 48 * 1024
+    assert "__shared__ __align__(16) unsigned int" not in src
+    g2 = gpu.geometry(gpu.optimize(k, replace(INFO, shared_optin_bytes=48 * 1024), {"mma_tile": 0, "mma_async": 1}))
+    assert g2.async_copy and g2.stages == 2
 
 
 def test_the_ring_waits_then_meets_a_barrier_before_each_step():
@@ -64,7 +77,7 @@ def test_the_ring_waits_then_meets_a_barrier_before_each_step():
     assert loop.index("zyx_cp_commit(zq);") < loop.index("mma.sync")
     assert "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16" in src  # b is row-first
     assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in src  # a is k-first
-    assert "zyx_cp_wait(zq, 0);" in src and "unsigned short zsa" in src
+    assert "zyx_cp_wait(zq, 0);" in src and "unsigned short (* const zsa)" in src
 
 
 @needs_nvrtc
@@ -110,7 +123,7 @@ def test_a_step_that_does_not_wait_reads_stale_tiles_in_the_emulator(rng):
     a = rng.uniform(-1, 1, (64, 128)).astype(np.float16)
     b = rng.uniform(-1, 1, (128, 96)).astype(np.float16)
     g, src, cs = render(k, "float16", {"mma_tile": gpu.MMA_TILES.index(gpu.MmaTile(64, 64, 32, 2, 2)), "mma_async": 1})
-    assert g.async_copy and g.stages >= 3
+    assert g.async_copy and g.stages == 4
     good = run_emulated_matmul(cs, k, a, b, EMU_GRID).reshape(64, 96)
     want = a.astype(np.float64) @ b.astype(np.float64)
     assert np.max(np.abs(good - want)) < 0.1
@@ -125,3 +138,33 @@ class _Source:
 
     def __init__(self, source: str, cs) -> None:
         self.source, self.name, self.grid, self.block = source, cs.name, cs.grid, cs.block
+
+
+@needs_gxx
+def test_an_async_matmul_runs_through_the_emulated_device(monkeypatch):
+    """The whole path on ``cuda:0`` (emulated when there is no GPU): the 76 KiB ring's launch opts into dynamic
+    shared memory in the worker; the product matches NumPy's."""
+    import zyx
+    from zyx.backends.registry import registry
+    from zyx.graph import schedule
+
+    try:
+        dev = registry().get("cuda:0").primary
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"no cuda:0: {e}")
+    real = gpu.optimize
+    monkeypatch.setattr(gpu, "optimize", lambda k, info, p=None: real(k, info, {**(p or {}), "mma_async": 1,
+                                                                                "mma_tile": 0}))
+    monkeypatch.setattr(dev, "_cudnn", None)  # the generated kernel, not a library node
+    schedule.clear_cache()
+    try:
+        rng = np.random.default_rng(3)
+        a, b = (rng.uniform(-1, 1, s).astype(np.float16) for s in ((256, 160), (160, 192)))
+        out = zyx.Tensor(a, device="cuda:0") @ zyx.Tensor(b, device="cuda:0")
+        (src,) = [s for s in zyx.debug.kernel_source(out) if "zyx_cp_async" in s]
+        assert "extern __shared__" in src
+        got = out.numpy().astype(np.float64)
+    finally:
+        schedule.clear_cache()
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.max(np.abs(got - want)) < 2e-2 + 1e-2 * np.max(np.abs(want))

@@ -280,7 +280,8 @@ def reference_info(compute_units: int = 132, arch: tuple[int, int] = (9, 0)) -> 
     """A CUDA DeviceInfo for code generation without a GPU (an H200 by default: 132 SMs, sm_90)."""
     return DeviceInfo(name=f"cuda (reference sm_{arch[0]}{arch[1]})", kind="cuda", compute_units=compute_units,
                       max_global_work=(2**31 - 1, 65535, 65535), max_local_work=(1024, 1024, 64),
-                      max_local_threads=1024, local_memory_bytes=48 * 1024, warp_size=32,
+                      max_local_threads=1024, local_memory_bytes=48 * 1024, shared_optin_bytes=227 * 1024,
+                      warp_size=32,
                       compute_capability=arch, dtypes=frozenset(d.name for d in dtypes.ALL),
                       tensor_cores=arch[0] >= 7)
 
@@ -650,8 +651,9 @@ def mma_async_applies(c: Contraction) -> bool:
 
 
 def mma_async_stages(c: Contraction, t: MmaTile, info: DeviceInfo) -> int:
-    """The most ``ASYNC_STAGES`` buffers of ``t``'s ``cp.async`` tiles that fit ``info``'s shared memory (0: none)."""
-    shared = info.local_memory_bytes or 48 * 1024
+    """The most ``ASYNC_STAGES`` buffers of ``t``'s ``cp.async`` tiles that fit the shared memory a block may opt
+    into (``info.shared_optin_bytes``; the ring is dynamic shared memory), 0: none."""
+    shared = max(info.local_memory_bytes or 48 * 1024, info.shared_optin_bytes)
     order = mma_fill_order(c)
     return next((s for s in ASYNC_STAGES if t.async_shared_bytes(order, s) <= shared), 0)
 

@@ -32,9 +32,9 @@ reduce identities and updates are the host's, so both targets compute the same t
   values wrap as on x86 (CUDA's ``cvt`` would saturate); int32/int64 targets of NaN or out-of-range values are
   still the hardware's (saturating) result.
 
-Invariants: the rendered source depends only on the kernel and its geometry; static ``__shared__`` arrays (for
-cross-warp reduces and mma tiles) are declared at the top of the kernel, so ``CudaSource.shared_bytes`` (dynamic shared
-memory for the launch) is 0.
+Invariants: the rendered source depends only on the kernel and its geometry; ``__shared__`` arrays (for cross-warp
+reduces and mma tiles) are declared at the top of the kernel, static but for the ``cp.async`` ring of an mma
+kernel, which is dynamic (it may exceed the 48 KiB of static shared memory), sized by ``CudaSource.shared_bytes``.
 """
 
 from __future__ import annotations
@@ -365,10 +365,12 @@ class CUDARenderer(CStyleRenderer):
         parts = (k, *k.then)
         geoms = [gpu.geometry(p) for p in parts]
         bodies = []
+        dynamic = 0
         for part, geom in zip(parts, geoms):
             w = _Writer(self, part, geom)
             w.kernel(linearize(part))
             bodies.append("\n".join(w.shared + w.lines))
+            dynamic = max(dynamic, w.dynamic_shared)
         # segments (``then``) each get a scope: their names never meet
         body = bodies[0] if len(parts) == 1 else "\n".join("  {\n" + b + "\n  }" for b in bodies)
         geom = geoms[0]
@@ -377,7 +379,7 @@ class CUDARenderer(CStyleRenderer):
         sig = ", ".join(f"{t} {n}" for t, n in decls)
         src = (f"{self.prelude(body)}\nextern \"C\" __global__ void __launch_bounds__({geom.block_threads}) "
                f"{k.name}({sig}) {{\n{body}\n}}\n")
-        return CudaSource(k.name, src, grid, geom.block, 0, tuple(p.kind for p in k.params),
+        return CudaSource(k.name, src, grid, geom.block, dynamic, tuple(p.kind for p in k.params),
                           tuple(t for t, _ in decls))
 
 
@@ -388,6 +390,7 @@ class _Writer:
         self.r, self.k, self.g = r, k, geom
         self.lines: list[str] = []
         self.shared: list[str] = []
+        self.dynamic_shared = 0  # bytes of ``extern __shared__`` memory the launch must pass
         self.name: dict[Expr, str] = {}
         self.acc: dict[Expr, str] = {}
         self.count = 0
@@ -447,10 +450,15 @@ class _Writer:
         it = index_type(g.items + g.grid[0])
         a_k, b_k = gpu.mma_fill_order(c)
         rw = t.row_words(True, gpu.mma_pack(c.dtype))
-        if g.async_copy:  # 16-bit elements: k-first [rows][bk + pad], row-first [bk][rows + pad]
+        if g.async_copy:  # dynamic shared 16-bit elements: k-first [rows][bk + pad], row-first [bk][rows + pad]
+            self.shared.append("  extern __shared__ __align__(16) unsigned short zsh[];")
+            at = 0
             for arr, rows, kf in (("zsa", t.bm, a_k), ("zsb", t.bn, b_k)):
-                dims = f"[{rows}][{t.bk + gpu.ASYNC_PAD}]" if kf else f"[{t.bk}][{rows + gpu.ASYNC_PAD}]"
-                self.shared.append(f"  __shared__ __align__(16) unsigned short {arr}[{stages}]{dims};")
+                d0, d1 = (rows, t.bk + gpu.ASYNC_PAD) if kf else (t.bk, rows + gpu.ASYNC_PAD)
+                self.shared.append(f"  unsigned short (* const {arr})[{d0}][{d1}] = "
+                                   f"(unsigned short (*)[{d0}][{d1}])(zsh + {at});")
+                at += stages * d0 * d1
+            self.dynamic_shared = 2 * at
         else:
             self.shared.append(f"  __shared__ __align__(16) unsigned int zsa[{stages}][{t.bm}][{rw}];")
             self.shared.append(f"  __shared__ __align__(16) unsigned int zsb[{stages}][{t.bn}][{rw}];")

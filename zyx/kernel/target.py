@@ -18,6 +18,7 @@ class DeviceInfo:
     max_local_work: tuple[int, int, int] = (1, 1, 1)
     max_local_threads: int = 1
     local_memory_bytes: int = 0
+    shared_optin_bytes: int = 0  # shared memory per block a kernel may opt into dynamically (CUDA; 0: none beyond)
     warp_size: int = 1
     compute_capability: tuple[int, int] | None = None
     dtypes: frozenset[str] = frozenset()

@@ -78,6 +78,7 @@ def device_info(name: str, device_name: str, attrs: dict[str, int], total_memory
         max_local_work=(attrs.get("MAX_BLOCK_DIM_X", 1024), attrs.get("MAX_BLOCK_DIM_Y", 1024),
                         attrs.get("MAX_BLOCK_DIM_Z", 64)),
         max_local_threads=attrs.get("MAX_THREADS_PER_BLOCK", 1024), local_memory_bytes=shared,
+        shared_optin_bytes=attrs.get("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN", shared),
         warp_size=attrs.get("WARP_SIZE", 32), compute_capability=cc, dtypes=frozenset(names),
         tensor_cores=tensor_cores, allow_tf32=allow_tf32 and tensor_cores and cc >= (8, 0), vector_bytes=16,
         peak_gflops=fp32_tflops * 1e3, memory_gbps=copy_gbps,
