@@ -154,13 +154,12 @@ def _mma_note(*tensors: zyx.Tensor) -> str:
 
     shapes = re.compile(r"unsigned int zsa\[(\d+)\]\[(\d+)\]\[\d+\];\s*__shared__ __align__\(16\) "
                         r"unsigned int zsb\[\d+\]\[(\d+)\]")
-    ring = re.compile(r"unsigned short zsa\[(\d+)\](\[\d+\]\[\d+\]);\s*__shared__ __align__\(16\) "
-                      r"unsigned short zsb\[\d+\](\[\d+\]\[\d+\])")
+    ring = re.compile(r"zsa\)\[(\d+)\]\[(\d+)\] = .*\n.*zsb\)\[(\d+)\]\[(\d+)\] = .*\(zsh \+ (\d+)\)")
     sources = zyx.debug.kernel_source(*tensors)
     found = [f"mma {bm}x{bn} tile, {st} stage(s)" for src in sources for st, bm, bn in
              (m.groups() for m in shapes.finditer(src))]
-    found += [f"mma cp.async ring of {st}, tiles a{ta} b{tb}" for src in sources for st, ta, tb in
-              (m.groups() for m in ring.finditer(src))]
+    found += [f"mma cp.async ring of {int(at) // (int(a0) * int(a1))}, tiles a[{a0}][{a1}] b[{b0}][{b1}]"
+              for src in sources for a0, a1, b0, b1, at in (m.groups() for m in ring.finditer(src))]
     return ", ".join(found) or "no mma kernel"
 
 
@@ -389,9 +388,10 @@ def _forced_gpu_params(env: Env, allow_tf32: bool | None = None, **params: int) 
 
 def case_matmul_generated_variants(env: Env, n: int = 4096) -> list[Row]:
     """The generated matmul's pipeline choices timed side by side, cuDNN off: shared stages 1 / 2 and ldmatrix
-    on / off for float16, the cp.async ring (``mma_async``, off by default until these rows say otherwise) on the
-    three largest tiles, then float32 on TF32 tensor cores (allow_tf32) beside torch's TF32 matmul. What the
-    heuristics pick (2 stages, ldmatrix, no cp.async) is only right if its row beats the others."""
+    on / off for float16, the cp.async ring (``mma_async``, off by default until these rows say otherwise) on
+    128x128, 128x64 and the 64x64-warp tiles 128x256 and 256x128, then float32 on TF32 tensor cores
+    (allow_tf32) beside torch's TF32 matmul. What the heuristics pick (2 stages, ldmatrix, no cp.async) is only
+    right if its row beats the others."""
     if not env.is_cuda:
         return []
     if env.smoke:
@@ -404,7 +404,7 @@ def case_matmul_generated_variants(env: Env, n: int = 4096) -> list[Row]:
     want = a_np.astype(np.float32)[:64] @ b_np.astype(np.float32)
     variants = [(f"{stages} stage(s), ldmatrix {'on' if ldm else 'off'}", {"mma_stages": stages, "mma_ldmatrix": ldm})
                 for stages, ldm in ((1, 0), (2, 0), (2, 1))]
-    variants += [(f"cp.async ring, tile {tile}", {"mma_async": 1, "mma_tile": tile}) for tile in (0, 1, 2)]
+    variants += [(f"cp.async ring, tile {tile}", {"mma_async": 1, "mma_tile": tile}) for tile in (0, 1, 6, 7)]
     for name, params in variants:
         row = Row(f"matmul float16 {n}^3 generated, {name}", "TFLOP/s")
         with _forced_gpu_params(env, **params):

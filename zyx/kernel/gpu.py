@@ -218,8 +218,11 @@ ASYNC_PAD = 8  # 16-bit elements padding each row of a cp.async tile: rows 16 by
 ASYNC_STAGES = (4, 3, 2)  # cp.async ring buffers: the most whose tiles fit the shared memory
 MMA_STAGES = (2, 1)  # shared buffers per operand: 2 overlaps the next k step's global loads with the mma's
 # the ``mma_tile`` parameter's values index this tuple; the heuristic takes the first that gives every SM a block
+# (the last two, 64x64 warp tiles, are candidates for the search only: the heuristic's order reaches them only when
+# no other tile fits; they fit the cp.async ring's dynamic shared memory, or one register-filled stage)
 MMA_TILES = (MmaTile(128, 128, 32, 2, 4), MmaTile(128, 64, 32, 2, 2), MmaTile(64, 64, 32, 2, 2),
-             MmaTile(64, 32, 32, 2, 1), MmaTile(32, 32, 32, 1, 1), MmaTile(32, 16, 16, 1, 1))
+             MmaTile(64, 32, 32, 2, 1), MmaTile(32, 32, 32, 1, 1), MmaTile(32, 16, 16, 1, 1),
+             MmaTile(128, 256, 32, 2, 4), MmaTile(256, 128, 32, 4, 2))
 
 
 @dataclass(frozen=True)
