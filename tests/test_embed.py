@@ -38,10 +38,11 @@ def test_sample_sentences_span_3_to_60_tokens() -> None:
     assert ids.shape == (32, 56) and (ids[mask == 0] == 0).all()  # 55 tokens, padded to a multiple of 8
 
 
-# Sentences the emulated GPU encodes: 8 of the 32, the shortest ("Hi", 3 tokens) and the longest (55) among them,
-# so the batch is padded to the same 56 tokens. The emulator runs each CUDA thread of the attention scores' kernel
-# (one warp per score, with shuffles) as a fiber: 35 of the 47 s that encoding all 32 took on the emulator.
-EMULATED_SUBSET = [0, 1, 6, 12, 20, 26, 27, 30]
+# Sentences the emulated GPU encodes: 4 of the 32, from the shortest ("Hi", 3 tokens) to 16 tokens, so the batch is
+# padded to 16 and the short ones are mostly padding. The emulator runs each CUDA thread as a fiber, and float32
+# matmuls on cuda:0 are generated kernels (cuDNN takes them only with allow_tf32): 8 sentences padded to 56 tokens
+# took 187 s of the test suite's 10 minutes; these take 22 s. The host encodes all 32.
+EMULATED_SUBSET = [0, 20, 6, 13]
 
 
 def test_encode_matches_pytorch(device: str, reference: np.ndarray) -> None:
