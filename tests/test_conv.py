@@ -59,6 +59,26 @@ CONV_CASES = {
                                    lambda x: TF.adaptive_avg_pool2d(x, (3, 4)), (X4,)),
     "adaptive_avg_pool2d 1": (lambda x: F.adaptive_avg_pool2d(x, 1), lambda x: TF.adaptive_avg_pool2d(x, 1),
                               (X4,)),
+    # uneven windows (PyTorch's [floor(i n / o), ceil((i + 1) n / o)), overlapping where o does not divide n)
+    "adaptive_avg_pool2d uneven (3, None)": (lambda x: F.adaptive_avg_pool2d(x, (3, None)),
+                                             lambda x: TF.adaptive_avg_pool2d(x, (3, None)), (X4,)),
+    "adaptive_avg_pool2d uneven (5, 7)": (lambda x: F.adaptive_avg_pool2d(x, (5, 7)),
+                                          lambda x: TF.adaptive_avg_pool2d(x, (5, 7)), (X4,)),
+    "adaptive_avg_pool2d upsampling 12": (lambda x: F.adaptive_avg_pool2d(x, 12),
+                                          lambda x: TF.adaptive_avg_pool2d(x, 12), (X4,)),
+    "adaptive_max_pool2d uneven (4, 3)": (lambda x: F.adaptive_max_pool2d(x, (4, 3)),
+                                          lambda x: TF.adaptive_max_pool2d(x, (4, 3)), (X4,)),
+    "adaptive_avg_pool1d 4 of 10": (lambda x: F.adaptive_avg_pool1d(x, 4), lambda x: TF.adaptive_avg_pool1d(x, 4),
+                                    (_rng.standard_normal((2, 3, 10)),)),
+    "adaptive_max_pool1d 3 of 10, unbatched": (lambda x: F.adaptive_max_pool1d(x, 3),
+                                               lambda x: TF.adaptive_max_pool1d(x, 3),
+                                               (_rng.standard_normal((3, 10)),)),
+    "adaptive_avg_pool3d (2, 3, 4)": (lambda x: F.adaptive_avg_pool3d(x, (2, 3, 4)),
+                                      lambda x: TF.adaptive_avg_pool3d(x, (2, 3, 4)),
+                                      (_rng.standard_normal((1, 2, 5, 7, 6)),)),
+    "adaptive_max_pool3d (3, 2, 5)": (lambda x: F.adaptive_max_pool3d(x, (3, 2, 5)),
+                                      lambda x: TF.adaptive_max_pool3d(x, (3, 2, 5)),
+                                      (_rng.standard_normal((1, 2, 5, 7, 6)),)),
     # ceil_mode: a last, partial window (9 and 8 by 3, stride 2, padding 1: 5 and 5 windows, not 4 and 4)
     "max_pool2d ceil_mode": (lambda x: F.max_pool2d(x, 3, 2, 1, ceil_mode=True),
                              lambda x: TF.max_pool2d(x, 3, 2, 1, ceil_mode=True), (X4,)),
@@ -77,6 +97,8 @@ CONV_CASES = {
     "max_pool1d of ties, ceil_mode": (lambda x: F.max_pool1d(x, 2, 2, ceil_mode=True),
                                       lambda x: TF.max_pool1d(x, 2, 2, ceil_mode=True),
                                       (np.array([[[1.0, 1.0, 0.0, 2.0, 2.0, -1.0, 3.0]]]),)),
+    "adaptive_max_pool2d of ties, overlapping windows": (lambda x: F.adaptive_max_pool2d(x, (4, 3)),
+                                                         lambda x: TF.adaptive_max_pool2d(x, (4, 3)), (np.round(X4),)),
     "conv_transpose2d, bias": (lambda x, w, b: F.conv_transpose2d(x, w, b),
                                lambda x, w, b: TF.conv_transpose2d(x, w, b),
                                (X4, _rng.standard_normal((4, 3, 3, 3)), _rng.standard_normal(3))),
@@ -137,6 +159,10 @@ def test_weight_gradient_of_a_sum_loss_is_not_a_materialized_product():
     (lambda m: m.MaxPool2d(2), (2, 3, 6, 6)),
     (lambda m: m.AvgPool2d(3, 1, 1), (2, 3, 6, 6)),
     (lambda m: m.AdaptiveAvgPool2d((1, 1)), (2, 3, 6, 6)),
+    (lambda m: m.AdaptiveAvgPool2d((4, 5)), (2, 3, 7, 6)),
+    (lambda m: m.AdaptiveMaxPool2d(4), (2, 3, 7, 6)),
+    (lambda m: m.AdaptiveAvgPool1d(3), (2, 3, 7)),
+    (lambda m: m.AdaptiveMaxPool3d((2, 3, 2)), (1, 2, 3, 5, 4)),
     (lambda m: m.Flatten(), (2, 3, 4)),
     (lambda m: m.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2), (2, 4, 5, 6)),
     (lambda m: m.ConvTranspose1d(3, 2, 4, dilation=2, bias=False), (2, 3, 7)),
@@ -226,8 +252,10 @@ def test_conv_errors_name_the_problem():
     with pytest.raises(ValueError, match=r"output_size \(13, 13\) is not reachable from input shape \(2, 4, 5, 5\): "
                                          r"each spatial size must be in \[11, 13\)"):
         nn.ConvTranspose2d(4, 2, 3, stride=2)(x, output_size=(13, 13))
-    with pytest.raises(NotImplementedError, match="must divide"):
-        F.adaptive_avg_pool2d(x, 3)
+    with pytest.raises(ValueError, match=r"adaptive_max_pool2d: output sizes must be at least 1, got \(0, 2\)"):
+        F.adaptive_max_pool2d(x, (0, 2))
+    with pytest.raises(NotImplementedError, match="return_indices=True is not supported"):
+        nn.AdaptiveMaxPool2d(2, return_indices=True)
     with pytest.raises(ValueError, match=r"bias must have shape \(6,\)"):
         F.conv2d(x, zyx.Tensor(np.zeros((6, 4, 3, 3), np.float32)), zyx.Tensor(np.zeros(4, np.float32)))
     with pytest.raises(ValueError, match="BatchNorm2d\\(3\\): expected an input of rank 4 with 3 channels"):

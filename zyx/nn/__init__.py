@@ -3,7 +3,12 @@
 from zyx.nn import functional
 from zyx.nn.layers import (
     GELU,
+    AdaptiveAvgPool1d,
     AdaptiveAvgPool2d,
+    AdaptiveAvgPool3d,
+    AdaptiveMaxPool1d,
+    AdaptiveMaxPool2d,
+    AdaptiveMaxPool3d,
     AvgPool1d,
     AvgPool2d,
     BatchNorm1d,
@@ -53,7 +58,9 @@ from zyx.nn.module import Module, Parameter
 
 __all__ = ["Module", "Parameter", "Linear", "LayerNorm", "Embedding", "MultiheadAttention", "Dropout", "Sequential",
            "ReLU", "GELU", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
-           "ConvTranspose3d", "MaxPool1d", "MaxPool2d", "AvgPool1d", "AvgPool2d", "AdaptiveAvgPool2d", "Flatten",
+           "ConvTranspose3d", "MaxPool1d", "MaxPool2d", "AvgPool1d", "AvgPool2d", "AdaptiveAvgPool1d",
+           "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d",
+           "Flatten",
            "BatchNorm1d", "BatchNorm2d", "CrossEntropyLoss", "NLLLoss", "MSELoss", "L1Loss", "SmoothL1Loss",
            "HuberLoss", "BCELoss", "BCEWithLogitsLoss", "KLDivLoss", "Identity", "SiLU", "Sigmoid", "Tanh",
            "LeakyReLU", "Softplus", "Softmax", "LogSoftmax", "GroupNorm", "RMSNorm", "Upsample", "ModuleList",

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
+
 from zyx import autograd as AG
 from zyx import dtypes
 from zyx.tensor import Tensor
@@ -273,15 +275,93 @@ def avg_pool2d(input: Tensor, kernel_size, stride=None, padding=0, ceil_mode: bo
                      "avg_pool2d")
 
 
-def adaptive_avg_pool2d(input: Tensor, output_size) -> Tensor:
-    """PyTorch's ``adaptive_avg_pool2d`` where each output size divides its input size (1 included: a global
-    average); other sizes raise."""
-    x, unbatched = _spatial_input(input, 2, "adaptive_avg_pool2d")
-    out = _tuple(output_size, 2, "output_size") if not isinstance(output_size, (list, tuple)) or \
-        None not in output_size else tuple(s if o is None else o for o, s in zip(output_size, x.shape[-2:]))
-    if any(o < 1 or s % o for o, s in zip(out, x.shape[-2:])):
-        raise NotImplementedError(f"adaptive_avg_pool2d: output size {out} must divide the input's spatial size "
-                                  f"{x.shape[-2:]} (uneven windows are not supported)")
-    k = tuple(s // o for o, s in zip(out, x.shape[-2:]))
-    y = x.reshape(x.shape[:2] + (out[0], k[0], out[1], k[1])).mean((3, 5))
+def _adaptive_size(x: Tensor, output_size, nd: int, name: str) -> tuple[int, ...]:
+    """PyTorch's ``output_size``: an int, or ``nd`` ints where None keeps the input's size."""
+    spatial = x.shape[-nd:]
+    if isinstance(output_size, (list, tuple)) and len(output_size) == nd:
+        output_size = tuple(s if o is None else o for o, s in zip(output_size, spatial))
+    out = _tuple(output_size, nd, "output_size")
+    if any(o < 1 for o in out):
+        raise ValueError(f"{name}: output sizes must be at least 1, got {out}")
+    return out
+
+
+def _adaptive_windows(n: int, o: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """PyTorch's adaptive windows of ``o`` outputs over ``n`` inputs: output ``i`` covers ``[floor(i n / o),
+    ceil((i + 1) n / o))``. Returns the ``(o, w)`` input positions (``w`` the longest window; positions past a
+    window's end repeat its last one), whether each is inside its window, and ``w``."""
+    start = np.arange(o) * n // o
+    end = -(-(np.arange(1, o + 1) * n) // o)
+    w = int(np.max(end - start))
+    pos = start[:, None] + np.arange(w)[None, :]
+    inside = pos < end[:, None]
+    return np.minimum(pos, end[:, None] - 1), inside, w
+
+
+def _adaptive_pool(input: Tensor, output_size, nd: int, kind: str, name: str) -> Tensor:
+    """Adaptive average or max pooling over the last ``nd`` axes, PyTorch's windows (``_adaptive_windows``).
+    Axes whose output size divides the input's are reshaped into windows; the others gather each window's
+    positions (one load per element, so it fuses with the reduce) and mask the positions past its end."""
+    x, unbatched = _spatial_input(input, nd, name)
+    out = _adaptive_size(x, output_size, nd, name)
+    lead = x.ndim - nd
+    inside = None  # the windows' mask over (o_1, w_1, ..., o_nd, w_nd), where some window is uneven
+    counts = None  # elements per window, for the average
+    for i, (n, o) in enumerate(zip(x.shape[lead:], out)):
+        ax = lead + 2 * i  # earlier axes are (o, w) pairs by now
+        if n % o == 0:
+            x = x.reshape(x.shape[:ax] + (o, n // o) + x.shape[ax + 1:])
+            m, c = np.ones((o, n // o), bool), np.full(o, n // o)
+        else:
+            pos, m, w = _adaptive_windows(n, o)
+            x = x.index_select(ax, Tensor(pos.reshape(-1), device=x.device))
+            x = x.reshape(x.shape[:ax] + (o, w) + x.shape[ax + 1:])
+            c = m.sum(1)
+        inside = m if inside is None else np.multiply.outer(inside, m)
+        counts = c if counts is None else np.multiply.outer(counts, c)
+    window_axes = tuple(lead + 2 * i + 1 for i in range(nd))
+    if not inside.all():
+        low = (-math.inf if x.dtype.is_float else dtypes.int_range(x.dtype)[0]) if kind == "max" else 0
+        x = Tensor(inside, device=x.device).where(x, low)
+    if kind == "max":  # the gradient goes to each window's first maximum, as PyTorch's argmax routes it
+        outs = tuple(lead + 2 * i for i in range(nd))
+        x = x.permute(*range(lead), *outs, *window_axes)
+        y = AG.FirstMax.apply(x.reshape(x.shape[:lead + nd] + (-1,))).reshape(x.shape[:lead + nd])
+    else:
+        y = x.sum(window_axes) / Tensor(counts.astype(np.float32), device=x.device).cast(x.dtype)
     return y[0] if unbatched else y
+
+
+def adaptive_avg_pool1d(input: Tensor, output_size) -> Tensor:
+    """PyTorch's ``adaptive_avg_pool1d``: windows ``[floor(i n / o), ceil((i + 1) n / o))``, uneven ones too."""
+    return _adaptive_pool(input, output_size, 1, "avg", "adaptive_avg_pool1d")
+
+
+def adaptive_avg_pool2d(input: Tensor, output_size) -> Tensor:
+    """PyTorch's ``adaptive_avg_pool2d`` (``adaptive_avg_pool1d``'s windows on each axis; None keeps a size)."""
+    return _adaptive_pool(input, output_size, 2, "avg", "adaptive_avg_pool2d")
+
+
+def adaptive_avg_pool3d(input: Tensor, output_size) -> Tensor:
+    return _adaptive_pool(input, output_size, 3, "avg", "adaptive_avg_pool3d")
+
+
+def _adaptive_max(input: Tensor, output_size, return_indices: bool, nd: int) -> Tensor:
+    name = f"adaptive_max_pool{nd}d"
+    if return_indices:
+        raise NotImplementedError(f"{name}: return_indices=True is not supported; the values are differentiable "
+                                  "without them")
+    return _adaptive_pool(input, output_size, nd, "max", name)
+
+
+def adaptive_max_pool1d(input: Tensor, output_size, return_indices: bool = False) -> Tensor:
+    """PyTorch's ``adaptive_max_pool1d`` (``adaptive_avg_pool1d``'s windows), values only."""
+    return _adaptive_max(input, output_size, return_indices, 1)
+
+
+def adaptive_max_pool2d(input: Tensor, output_size, return_indices: bool = False) -> Tensor:
+    return _adaptive_max(input, output_size, return_indices, 2)
+
+
+def adaptive_max_pool3d(input: Tensor, output_size, return_indices: bool = False) -> Tensor:
+    return _adaptive_max(input, output_size, return_indices, 3)

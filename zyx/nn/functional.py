@@ -11,7 +11,12 @@ import numpy as np
 
 from zyx import dtypes
 from zyx.nn.conv import (  # noqa: F401 - re-exported: PyTorch keeps them in functional
+    adaptive_avg_pool1d,
     adaptive_avg_pool2d,
+    adaptive_avg_pool3d,
+    adaptive_max_pool1d,
+    adaptive_max_pool2d,
+    adaptive_max_pool3d,
     avg_pool1d,
     avg_pool2d,
     conv1d,

@@ -300,12 +300,47 @@ class AvgPool2d(Module):
                             self.divisor_override)
 
 
-class AdaptiveAvgPool2d(Module):
+class _AdaptivePool(Module):
+    """PyTorch's adaptive pooling layers: ``F.adaptive_{avg,max}_pool{1,2,3}d`` of ``output_size``."""
+
+    fn = staticmethod(F.adaptive_avg_pool2d)
+
     def __init__(self, output_size) -> None:
         self.output_size = output_size
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.adaptive_avg_pool2d(x, self.output_size)
+        return self.fn(x, self.output_size)
+
+
+class AdaptiveAvgPool1d(_AdaptivePool):
+    fn = staticmethod(F.adaptive_avg_pool1d)
+
+
+class AdaptiveAvgPool2d(_AdaptivePool):
+    fn = staticmethod(F.adaptive_avg_pool2d)
+
+
+class AdaptiveAvgPool3d(_AdaptivePool):
+    fn = staticmethod(F.adaptive_avg_pool3d)
+
+
+class _AdaptiveMaxPool(_AdaptivePool):
+    def __init__(self, output_size, return_indices: bool = False) -> None:
+        if return_indices:
+            raise NotImplementedError(f"{type(self).__name__}: return_indices=True is not supported")
+        self.output_size = output_size
+
+
+class AdaptiveMaxPool1d(_AdaptiveMaxPool):
+    fn = staticmethod(F.adaptive_max_pool1d)
+
+
+class AdaptiveMaxPool2d(_AdaptiveMaxPool):
+    fn = staticmethod(F.adaptive_max_pool2d)
+
+
+class AdaptiveMaxPool3d(_AdaptiveMaxPool):
+    fn = staticmethod(F.adaptive_max_pool3d)
 
 
 class Flatten(Module):
