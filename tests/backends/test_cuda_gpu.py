@@ -301,3 +301,37 @@ def test_async_errors_do_not_leak_between_syncs():
     with pytest.raises(BackendError, match="launch of unknown program"):
         dev.launch(10**9, [1])
     dev.sync()  # nothing pending: no stale error
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# generated tensor-core matmuls
+# ---------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("tile", [(128, 128), (128, 256)])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_the_cp_async_ring_runs_every_layout_correctly(layout, tile, monkeypatch):
+    """The generated mma matmul with its tiles filled by cp.async (``mma_async``, off by default until timed on a
+    GPU), cuDNN off: on a GPU this runs the PTX (cp.async into dynamic shared memory past 48 KiB, ldmatrix and
+    ldmatrix.trans), elsewhere the emulator's stand-ins; both must match float64 NumPy."""
+    from zyx.graph import schedule
+    from zyx.kernel import gpu
+
+    index = gpu.MMA_TILES.index(next(t for t in gpu.MMA_TILES if (t.bm, t.bn) == tile))
+    real = gpu.optimize
+    monkeypatch.setattr(gpu, "optimize", lambda k, info, p=None: real(k, info, {**(p or {}), "mma_async": 1,
+                                                                                "mma_tile": index}))
+    monkeypatch.setattr(device(), "_cudnn", None)
+    schedule.clear_cache()
+    try:
+        (sa, sb), zyx_fn, np_fn = LAYOUTS[layout]
+        rng = np.random.default_rng(0)
+        a, b = rng.standard_normal(sa).astype(np.float16), rng.standard_normal(sb).astype(np.float16)
+        c = zyx_fn(zyx.Tensor(a, device="cuda"), zyx.Tensor(b, device="cuda"))
+        sources = [s for s in zyx.debug.kernel_source(c) if "zyx_cp_async" in s]
+        assert len(sources) == 1, "the matmul did not take the cp.async ring"
+        got = c.numpy().astype(np.float64)
+    finally:
+        schedule.clear_cache()
+    want = np_fn(a.astype(np.float64), b.astype(np.float64))
+    err = np.max(np.abs(got - want)) / np.max(np.abs(want))
+    assert err < 2e-3, f"relative error {err:.2e}"

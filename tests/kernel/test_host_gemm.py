@@ -10,7 +10,7 @@ import ctypes
 
 import numpy as np
 import pytest
-from conftest import host_without_blas, passes_off
+from conftest import host_without_blas, kernels_of, passes_off
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -218,11 +218,13 @@ def test_every_search_space_value_computes_the_same(case, monkeypatch):
 # ---- end to end: the graph's matmuls on the generated path ----------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["plain", "at", "bt", "batched", "f64", "bias_relu", "prologue"])
+@pytest.mark.parametrize("kind", ["plain", "at", "bt", "batched", "broadcast", "f64", "bias_relu", "prologue"])
 def test_tensor_matmuls_agree_with_gemm_off(kind):
+    """``broadcast``: a batch that only ``a`` has (``b`` broadcast over it, axes the GEMM matcher leaves in place,
+    permuted): the contraction's m is the innermost of ``a``'s own loops, the rest a batch (it used to find none)."""
     rng = np.random.default_rng(3)
     t = np.float64 if kind == "f64" else np.float32
-    a = rng.standard_normal((3, 70, 90) if kind == "batched" else (70, 90)).astype(t)
+    a = rng.standard_normal((3, 70, 90) if kind in ("batched", "broadcast") else (70, 90)).astype(t)
     b = rng.standard_normal((3, 90, 130) if kind == "batched" else (90, 130)).astype(t)
     bias = rng.standard_normal(130).astype(t)
 
@@ -236,6 +238,10 @@ def test_tensor_matmuls_agree_with_gemm_off(kind):
             return (A @ B + zyx.Tensor(bias)).relu().numpy()
         if kind == "prologue":
             return ((A * 0.5 + 1.0) @ B.tanh()).numpy()
+        if kind == "broadcast":
+            k = kernels_of(zyx.Tensor(np.ascontiguousarray(a.transpose(1, 0, 2))).permute(1, 0, 2) @ B)
+            assert [x for x in k if x.reduces()] and all(find_contraction(x) for x in k if x.reduces())
+            return (zyx.Tensor(np.ascontiguousarray(a.transpose(1, 0, 2))).permute(1, 0, 2) @ B).numpy()
         return (A @ B).numpy()
 
     ref = a.astype(np.float64) @ b.astype(np.float64)

@@ -51,9 +51,11 @@ def find_contraction(k: Kernel) -> Contraction | None:
     if kr not in x.ranges or kr not in y.ranges or not (x.ranges | y.ranges) - {kr} <= loops:
         return None
     only_x, only_y = x.ranges - y.ranges - {kr}, y.ranges - x.ranges - {kr}
-    if len(only_x) != 1 or len(only_y) != 1:
+    if not only_x or not only_y:
         return None
-    (m,), (n,) = only_x, only_y
+    # several loops of one operand alone (a batch the other is broadcast over): the innermost is m (or n), the
+    # others batch loops
+    m, n = max(only_x, key=k.loops.index), max(only_y, key=k.loops.index)
     if k.loops.index(m) > k.loops.index(n):
         m, n, x, y = n, m, y, x
     return Contraction(red, m, n, kr, x, y)
