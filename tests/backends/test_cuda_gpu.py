@@ -316,6 +316,8 @@ def test_the_cp_async_ring_runs_every_layout_correctly(layout, tile, monkeypatch
     from zyx.graph import schedule
     from zyx.kernel import gpu
 
+    if _emulated() and tile != (128, 128) and layout not in ("plain", "batch_broadcast"):
+        pytest.skip("the emulator runs the 128x256 ring on two layouts (a GPU on all): its test time goes elsewhere")
     index = gpu.MMA_TILES.index(next(t for t in gpu.MMA_TILES if (t.bm, t.bn) == tile))
     real = gpu.optimize
     monkeypatch.setattr(gpu, "optimize", lambda k, info, p=None: real(k, info, {**(p or {}), "mma_async": 1,
