@@ -50,6 +50,14 @@ CASES = {
                lambda x: TF.interpolate(x, size=13, mode="linear"), (X3,)),
     "trilinear": (lambda x: F.interpolate(x, scale_factor=2, mode="trilinear"),
                   lambda x: TF.interpolate(x, scale_factor=2, mode="trilinear"), (X5,)),
+    # bicubic: source positions below 0 and rows past both edges (clamped), up and down, both corner rules
+    "bicubic": (lambda x: F.interpolate(x, size=(10, 13), mode="bicubic"),
+                lambda x: TF.interpolate(x, size=(10, 13), mode="bicubic"), (X,)),
+    "bicubic align_corners": (lambda x: F.interpolate(x, scale_factor=2.5, mode="bicubic", align_corners=True),
+                              lambda x: TF.interpolate(x, scale_factor=2.5, mode="bicubic", align_corners=True),
+                              (X,)),
+    "bicubic down": (lambda x: F.interpolate(x, scale_factor=(0.5, 0.7), mode="bicubic"),
+                     lambda x: TF.interpolate(x, scale_factor=(0.5, 0.7), mode="bicubic"), (X,)),
     "pad, crop": (lambda x: F.pad(x, (1, 2, -1, 0), value=0.5), lambda x: TF.pad(x, (1, 2, -1, 0), value=0.5), (X,)),
     "activations": (lambda x: F.softplus(F.leaky_relu(F.tanh(F.sigmoid(F.silu(F.relu(x) - 0.3))), 0.2), 2.0),
                     lambda x: TF.softplus(TF.leaky_relu(torch.tanh(torch.sigmoid(TF.silu(TF.relu(x) - 0.3))), 0.2),
@@ -70,6 +78,9 @@ def test_float32_bilinear_is_pytorchs_within_rounding_and_nearest_exactly(device
                                rtol=0, atol=1e-6)
     got = F.interpolate(zyx.Tensor(x, device=device), size=(11, 4)).numpy()
     np.testing.assert_array_equal(got, TF.interpolate(torch.tensor(x), size=(11, 4)).numpy())
+    got = F.interpolate(zyx.Tensor(x, device=device), scale_factor=1.5, mode="bicubic").numpy()
+    np.testing.assert_allclose(got, TF.interpolate(torch.tensor(x), scale_factor=1.5, mode="bicubic").numpy(),
+                               rtol=0, atol=2e-6)
 
 
 @pytest.mark.parametrize("layer, shape", [
@@ -106,13 +117,15 @@ def test_errors_name_the_problem():
         F.group_norm(x, 4)
     with pytest.raises(ValueError, match=r"rms_norm: input shape \(2, 6, 5, 7\) does not end with \(5,\)"):
         F.rms_norm(x, 5)
-    with pytest.raises(NotImplementedError, match="mode 'bicubic' is not supported"):
-        F.interpolate(x, scale_factor=2, mode="bicubic")
+    with pytest.raises(NotImplementedError, match="mode 'area' is not supported"):
+        F.interpolate(x, scale_factor=2, mode="area")
+    with pytest.raises(ValueError, match="mode 'bicubic' needs an input of rank 4"):
+        F.interpolate(zyx.Tensor(np.zeros((2, 3, 4))), scale_factor=2, mode="bicubic")
     with pytest.raises(ValueError, match="mode 'trilinear' needs an input of rank 5"):
         F.interpolate(x, scale_factor=2, mode="trilinear")
     with pytest.raises(ValueError, match="give exactly one of size and scale_factor"):
         F.interpolate(x)
-    with pytest.raises(ValueError, match="align_corners only applies to the linear modes"):
+    with pytest.raises(ValueError, match="align_corners only applies to the linear and cubic modes"):
         F.interpolate(x, scale_factor=2, align_corners=True)
     with pytest.raises(NotImplementedError, match="pad: mode 'reflect' is not supported"):
         F.pad(x, (1, 1), mode="reflect")

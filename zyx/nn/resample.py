@@ -1,10 +1,12 @@
-"""``interpolate`` (PyTorch's ``F.interpolate`` / ``nn.Upsample``): nearest, nearest-exact and (bi/tri)linear
-resampling of the spatial axes of (N, C, *spatial), one axis at a time.
+"""``interpolate`` (PyTorch's ``F.interpolate`` / ``nn.Upsample``): nearest, nearest-exact, (bi/tri)linear and
+bicubic resampling of the spatial axes of (N, C, *spatial), one axis at a time (the last first, as PyTorch's
+bicubic blends rows before columns).
 
 Source positions are computed in the graph from an iota with PyTorch's arithmetic (float32 for float32 and 16-bit
 inputs, float64 for float64), so nearest modes pick PyTorch's elements exactly and linear modes use its source
 positions and weights; each axis is a gather of one or two source rows (``index_select``, differentiable), blended
-by its weights (a blend may differ from PyTorch's in the last bit: the order of its operations differs).
+by its weights (a blend may differ from PyTorch's in the last bit: the order of its operations differs). Bicubic
+blends four rows with Keys' cubic convolution (``A = -0.75``), rows past the edges clamped to them, as PyTorch.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ from collections.abc import Sequence
 from zyx import dtypes
 from zyx.tensor import Tensor
 
-_MODES = {"nearest": None, "nearest-exact": None, "linear": 1, "bilinear": 2, "trilinear": 3}
+_MODES = {"nearest": None, "nearest-exact": None, "linear": 1, "bilinear": 2, "trilinear": 3, "bicubic": 2}
+CUBIC_A = -0.75  # PyTorch's (and OpenCV's) cubic convolution coefficient
 
 
 def interpolate(input: Tensor, size=None, scale_factor=None, mode: str = "nearest", align_corners: bool | None = None,
                 recompute_scale_factor: bool | None = None) -> Tensor:
-    """PyTorch's ``interpolate`` for ``mode`` nearest, nearest-exact, linear, bilinear, trilinear."""
+    """PyTorch's ``interpolate`` for ``mode`` nearest, nearest-exact, linear, bilinear, trilinear, bicubic
+    (``antialias`` is not supported)."""
     if mode not in _MODES:
         raise NotImplementedError(f"interpolate: mode {mode!r} is not supported; use one of {sorted(_MODES)}")
     nd = input.ndim - 2
@@ -28,7 +32,7 @@ def interpolate(input: Tensor, size=None, scale_factor=None, mode: str = "neares
         raise ValueError(f"interpolate: mode {mode!r} needs an input of rank {(_MODES[mode] or 1) + 2}"
                          f"{'' if _MODES[mode] else ' or more'}, got shape {input.shape}")
     if _MODES[mode] is None and align_corners is not None:
-        raise ValueError("interpolate: align_corners only applies to the linear modes")
+        raise ValueError("interpolate: align_corners only applies to the linear and cubic modes")
     if (size is None) == (scale_factor is None):
         raise ValueError("interpolate: give exactly one of size and scale_factor")
     spatial = input.shape[2:]
@@ -47,6 +51,8 @@ def interpolate(input: Tensor, size=None, scale_factor=None, mode: str = "neares
         axis, n, o = 2 + i, spatial[i], out[i]
         if mode.startswith("nearest"):
             x = x.index_select(axis, _nearest_index(n, o, scales[i], mode == "nearest-exact", math_dtype, x.device))
+        elif mode == "bicubic":
+            x = _cubic(x, axis, n, o, scales[i], bool(align_corners), math_dtype)
         else:
             x = _linear(x, axis, n, o, scales[i], bool(align_corners), math_dtype)
     return x
@@ -88,3 +94,31 @@ def _linear(x: Tensor, axis: int, n: int, o: int, scale: float | None, align_cor
     shape = tuple(o if d == axis else 1 for d in range(x.ndim))
     lam0, lam1 = lam0.cast(x.dtype).reshape(shape), lam1.cast(x.dtype).reshape(shape)
     return lam0 * x.index_select(axis, i0) + lam1 * x.index_select(axis, i1)
+
+
+def _cubic(x: Tensor, axis: int, n: int, o: int, scale: float | None, align_corners: bool, math_dtype) -> Tensor:
+    """One axis of PyTorch's bicubic: source position ``src`` (not clamped at 0, unlike linear), rows
+    ``floor(src) - 1 .. floor(src) + 2`` clamped into ``[0, n)``, weighted by the cubic convolution of the
+    distances, computed as PyTorch's ``get_cubic_upsample_coefficients``."""
+    s = _scale(n, o, scale, align_corners)
+    pos = _positions(o, math_dtype, x.device)
+    src = pos * s if align_corners else (pos + 0.5) * s - 0.5
+    base = src.floor()
+    t = src - base
+    first = base.cast(dtypes.int64) - 1
+    a = CUBIC_A
+
+    def near(v: Tensor) -> Tensor:  # |v| <= 1
+        return ((v * (a + 2) - (a + 3)) * v) * v + 1.0
+
+    def far(v: Tensor) -> Tensor:  # 1 < |v| < 2
+        return ((v * a - 5 * a) * v + 8 * a) * v - 4 * a
+
+    rest = 1.0 - t
+    weights = (far(t + 1.0), near(t), near(rest), far(rest + 1.0))
+    shape = tuple(o if d == axis else 1 for d in range(x.ndim))
+    out = None
+    for j, w in enumerate(weights):
+        term = w.cast(x.dtype).reshape(shape) * x.index_select(axis, (first + j).maximum(0).minimum(n - 1))
+        out = term if out is None else out + term
+    return out
