@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import numpy as np
-
 from zyx import dtypes
 from zyx.tensor import Tensor, _norm_axis, stack
 
@@ -61,7 +59,8 @@ def _positions(x: Tensor, descending: bool) -> Tensor:
         while j >= 1:
             blocks = size // (2 * j)
             # the network sorts block a = i // (2 j) up (ascending) where bit k of its first position is clear
-            up = Tensor((np.arange(blocks) * 2 * j & k) == 0, device=x.device).reshape(blocks, 1)
+            first = Tensor.arange(blocks, dtype=dtypes.int64, device=x.device) * (2 * j)
+            up = ((first & k) == 0).reshape(blocks, 1)
             v = keys.reshape(*lead, blocks, 2, j)
             p = pos.reshape(*lead, blocks, 2, j)
             v0, v1, p0, p1 = v[..., 0, :], v[..., 1, :], p[..., 0, :], p[..., 1, :]

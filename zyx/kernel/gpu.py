@@ -192,7 +192,7 @@ class MmaTile:
 
     def async_shared_bytes(self, k_first: tuple[bool, bool], stages: int) -> int:
         """Bytes of the ``cp.async`` layout's tiles (16-bit elements, ``stages`` buffers): a k-first operand as
-        ``[rows][bk + 8]``, a row-first one as ``[bk][rows + 8]`` (``mma_async_layout``)."""
+        ``[rows][bk + 8]``, a row-first one as ``[bk][rows + 8]`` (``ASYNC_PAD``; the renderer's ``mma_frame``)."""
         per = sum((rows * (self.bk + ASYNC_PAD) if kf else self.bk * (rows + ASYNC_PAD))
                   for rows, kf in ((self.bm, k_first[0]), (self.bn, k_first[1])))
         return 2 * per * stages
@@ -213,8 +213,8 @@ def mma_swizzled(group: int, mask: int) -> int:
     return (group ^ (group << 1) ^ (group << 3)) & mask
 
 
-ASYNC_PAD = 8  # 16-bit elements padding each row of a cp.async tile: rows 16 bytes apart mod 128, so the 8 rows
-# that one ldmatrix matrix reads fall in distinct bank quads
+ASYNC_PAD = 8  # 16-bit elements padding each row of a cp.async tile: every row length is then an odd multiple of 16
+# bytes mod 128, so the 8 rows that one ldmatrix matrix reads fall in 8 distinct 16-byte bank groups
 ASYNC_STAGES = (4, 3, 2)  # cp.async ring buffers: the most whose tiles fit the shared memory
 MMA_STAGES = (2, 1)  # shared buffers per operand: 2 overlaps the next k step's global loads with the mma's
 # the ``mma_tile`` parameter's values index this tuple; the heuristic takes the first that gives every SM a block

@@ -458,7 +458,8 @@ class _Writer:
                 self.shared.append(f"  unsigned short (* const {arr})[{d0}][{d1}] = "
                                    f"(unsigned short (*)[{d0}][{d1}])(zsh + {at});")
                 at += stages * d0 * d1
-            self.dynamic_shared = 2 * at
+            self.dynamic_shared = t.async_shared_bytes((a_k, b_k), stages)
+            assert self.dynamic_shared == 2 * at, "the ring's layout and gpu.MmaTile.async_shared_bytes disagree"
         else:
             self.shared.append(f"  __shared__ __align__(16) unsigned int zsa[{stages}][{t.bm}][{rw}];")
             self.shared.append(f"  __shared__ __align__(16) unsigned int zsb[{stages}][{t.bn}][{rw}];")

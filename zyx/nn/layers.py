@@ -328,7 +328,7 @@ class _AdaptiveMaxPool(_AdaptivePool):
     def __init__(self, output_size, return_indices: bool = False) -> None:
         if return_indices:
             raise NotImplementedError(f"{type(self).__name__}: return_indices=True is not supported")
-        self.output_size = output_size
+        super().__init__(output_size)
 
 
 class AdaptiveMaxPool1d(_AdaptiveMaxPool):
