@@ -609,22 +609,23 @@ class _Writer:
                 self.async_copy(u, at, dst, i2)
                 self.close_loop(guard, ind)
 
+        def issue(kb: str, buf: str, ind: str) -> None:
+            """Copy k step ``kb`` into buffer ``buf`` when it exists, then commit a group (always one per step,
+            so the wait counts stay uniform)."""
+            self.emit(ind, f"if ({kb} < {size_k}) {{")
+            fill(kb, buf, ind + "  ")
+            self.emit(ind, "}")
+            self.emit(ind, "zyx_cp_commit(zq);")
+
         self.emit(ind, "#pragma unroll")
         self.emit(ind, f"for (int zs = 0; zs < {S - 1}; zs++) {{")
-        self.emit(ind + "  ", f"if (zs * {bk} < {size_k}) {{")
-        fill(f"zs * {bk}", "zs", ind + "    ")
-        self.emit(ind + "  ", "}")
-        self.emit(ind + "  ", "zyx_cp_commit(zq);")
+        issue(f"zs * {bk}", "zs", ind + "  ")
         self.emit(ind, "}")
         self.emit(ind, f"for (int zk = 0, zbf = 0; zk < {size_k}; zk += {bk}, zbf = zbf == {S - 1} ? 0 : zbf + 1) {{")
         i2 = ind + "  "
         self.emit(i2, f"zyx_cp_wait(zq, {S - 2});")
         self.emit(i2, "__syncthreads();")
-        self.emit(i2, f"if (zk + {(S - 1) * bk} < {size_k}) {{")
-        self.emit(i2 + "  ", f"const int zsn = zbf == 0 ? {S - 1} : zbf - 1;")
-        fill(f"zk + {(S - 1) * bk}", "zsn", i2 + "  ")
-        self.emit(i2, "}")
-        self.emit(i2, "zyx_cp_commit(zq);")
+        issue(f"zk + {(S - 1) * bk}", f"(zbf == 0 ? {S - 1} : zbf - 1)", i2)
         self.emit(i2, "#pragma unroll")
         self.emit(i2, f"for (int zp = 0; zp < {bk}; zp += {gpu.MMA_K}) {{")
         i3 = i2 + "  "
