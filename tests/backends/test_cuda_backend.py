@@ -507,7 +507,12 @@ def test_window_is_submitted_when_full_or_at_a_sync_point(fake, make_worker):
     barrier(w)
     assert fake.count("launch_kernel") == 4
     pool.sync()
-    assert fake.count("launch_kernel") == 5 and fake.count("stream_synchronize") == 2
+    assert fake.count("launch_kernel") == 5
+    # only the stream the last window ran on is waited for (the first window was seen complete)
+    last_stream = fake.launches[-1][4]
+    assert [a for n, a in fake.calls if n == "stream_synchronize"] == [(last_stream,)]
+    pool.sync()  # nothing in flight: no driver call
+    assert fake.count("stream_synchronize") == 1
 
 
 def test_idle_flush_submits_a_partial_window(fake, make_worker):
@@ -698,6 +703,38 @@ def test_free_waits_for_barriers_on_every_stream_that_used_the_buffer(fake, make
     w.call(w._w_sweep)
     assert fake.count("mem_free_async") == 1 and w.dead == []
     assert src not in w.state.readers_since_write and all(b != src for b, _ in w.state.last_read_at)
+
+
+def test_a_freed_buffer_waits_for_its_windows_without_events_of_its_own(fake, make_worker):
+    w = make_worker(queues=2, window=100)
+    pool = CudaPool(w)
+    k = _kernel(w)
+    x, y, z, v = (pool.allocate(64) for _ in range(4))
+    w.launch(k, (x, y, 1))
+    pool.sync()  # its window was seen complete: y's stream holds no work
+    records = fake.count("event_record")
+    pool.release(y)
+    barrier(w)
+    assert fake.count("mem_free_async") == 1 and fake.count("event_record") == records and w.dead == []
+    fake.hold = True  # windows stay in flight from here
+    w.launch(k, (x, z, 1))
+    w.call(w._w_flush)
+    records = fake.count("event_record")
+    pool.release(z)
+    barrier(w)
+    assert fake.count("event_record") == records  # it waits for the window in flight, no event of its own
+    w.launch(k, (x, v, 1))
+    pool.release(v)  # named by the unsubmitted window: buried when it is submitted, waiting for that window
+    barrier(w)
+    w.call(w._w_flush)
+    assert fake.count("mem_free_async") == 1
+    dead = w.call(lambda: list(w.dead))
+    assert [d.barriers for d in dead] == [[], []] and [id(d.after) for d in dead] == [id(x) for x in w.inflight]
+    w.call(w._w_sweep)
+    assert fake.count("mem_free_async") == 1  # the window's events are not complete
+    fake.release_events()
+    pool.sync()
+    assert fake.count("mem_free_async") == 3 and w.dead == []
 
 
 def test_steady_state_reuses_memory_and_free_bytes_returns(fake, make_worker):

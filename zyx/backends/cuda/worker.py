@@ -24,9 +24,10 @@ compile, timed launch, sync). Invariants:
   buffer); later kernels writing it do not clear it, since a kernel may write only part of a buffer.
 - Lifetimes: every window records one completion event per stream it used and keeps what its commands point to
   (packed kernel arguments, pinned staging blocks) until those events completed. A buffer whose count reached zero
-  is freed only after barrier events recorded on every stream that used it completed; a buffer still named by the
-  unsubmitted window gets its barriers right after that window is submitted. Finished windows and dead buffers are
-  swept on every loop iteration (at most every ``poll_s``) and after every drain.
+  is freed only after barrier events recorded on every stream that used it completed (at once when no window not
+  yet seen complete ran on those streams); a buffer still named by the unsubmitted window gets its barriers right
+  after that window is submitted. Finished windows and dead buffers are swept on every loop iteration (at most every
+  ``poll_s``) and after every drain; a drain (sync) waits only for the streams that may still run work.
 - Memory: the stream-ordered allocator on the device's default pool, release threshold raised so freed memory stays
   cached (``cuMemAllocAsync``/``cuMemFreeAsync`` on a stream that gets no other work); without memory pools a
   size-keyed cache over ``cuMemAlloc``. Out of memory: drain, free what is dead, trim the caches, retry once, then
@@ -137,19 +138,23 @@ class Window:
     seq: int
     names: list[str] = field(default_factory=list)
     writes: set[int] = field(default_factory=set)
+    streams: set[int] = field(default_factory=set)  # stream indices its commands were submitted to
     done: dict[int, int] = field(default_factory=dict)  # stream index -> completion event
     deps: list[int] = field(default_factory=list)  # dependency events, back to the free list on completion
     keep: list[Any] = field(default_factory=list)  # arg packs (reused) and anything else the GPU reads
     staging: list[Staging] = field(default_factory=list)
+    retired: bool = False  # seen complete
 
 
 @dataclass
 class _Dead:
-    """Something freed once every (stream, event) barrier completed: then ``action`` runs."""
+    """Something freed once every (stream, event) barrier completed, or once window ``after`` was seen complete
+    (its completion events follow every use): then ``action`` runs."""
 
     barriers: list[tuple[int, int]]
     action: Callable[[], None]
     nbytes: int = 0
+    after: Window | None = None
 
 
 @dataclass(frozen=True)
@@ -567,10 +572,24 @@ class Worker:
             if debug_on("memory"):
                 log("memory", f"{self.name}: freed #{buffer} {buf.nbytes} B")
 
-        if not buf.streams or "free" in self.config.unsafe:
+        if "free" in self.config.unsafe:
             free()
             return
-        self.dead.append(_Dead(self._barriers(buf.streams), free, buf.size))
+        self._when_done(buf.streams, free, buf.size)
+
+    def _when_done(self, streams: set[int], action: Callable[[], None], nbytes: int = 0) -> None:
+        """Run ``action`` once all the work submitted so far on ``streams`` completed: now when no window not yet
+        seen complete ran there (commands outside windows complete within their call: all that work is done);
+        when the newest window completes if it ran on every one of them (its completion events follow all the work
+        submitted there); else behind new barrier events. The first two cost no driver call: a buffer freed after
+        a sync, or while the window that last used it is in flight, needs no event of its own."""
+        inflight = self.inflight
+        if not streams or not any(not streams.isdisjoint(w.streams) for w in inflight):
+            action()
+        elif streams <= inflight[-1].streams:
+            self.dead.append(_Dead([], action, nbytes, after=inflight[-1]))
+        else:
+            self.dead.append(_Dead(self._barriers(streams), action, nbytes))
 
     def workspace(self, stream_index: int, nbytes: int) -> int:
         """(worker thread) A device scratch area of at least ``nbytes`` private to one stream (library calls)."""
@@ -586,7 +605,7 @@ class Worker:
                 self.allocator.free(old_ptr, old_size)
                 self.held -= old_size
 
-            self.dead.append(_Dead(self._barriers({stream_index}), free, old_size))
+            self._when_done({stream_index}, free, old_size)
             del self.workspaces[stream_index]
         size = alloc_size(max(nbytes, 1 << 20))
         ptr = self._alloc_raw(size, may_drain=False)
@@ -745,7 +764,7 @@ class Worker:
                                       spec.shared_bytes, rec.packs[i].address)
 
     def _forget_graph(self, key: Any) -> None:
-        """Destroy ``key``'s graph once its launches are done (behind barrier events, like a freed buffer)."""
+        """Destroy ``key``'s graph once its launches are done (``_when_done``, like a freed buffer)."""
         rec = self.graphs.pop(key, None)
         self._batch_seen.pop(key, None)
         if rec is None:
@@ -759,10 +778,7 @@ class Worker:
             self.drv.graph_exec_destroy(rec.exec)
             self.drv.graph_destroy(rec.graph)
 
-        if rec.streams:
-            self.dead.append(_Dead(self._barriers(rec.streams), destroy))
-        else:
-            destroy()
+        self._when_done(rec.streams, destroy)
 
     # ---- submission --------------------------------------------------------------------------------------------
     def _w_flush(self) -> None:
@@ -780,7 +796,7 @@ class Worker:
         placements, self.state = place_window(cmds, self.state, len(self.streams), self.config.unsafe)
         w = Window(next(self._seq))
         self.inflight.append(w)
-        used: set[int] = set()
+        used = w.streams
         drv = self.drv
         buffers = self.buffers
         trace = [] if self.trace is not None else None
@@ -990,7 +1006,7 @@ class Worker:
             incomplete.clear()  # barriers may predate the newest windows: query them afresh
             keep_dead = []
             for d in self.dead:
-                if all(done(s, ev) for s, ev in d.barriers):
+                if d.after.retired if d.after is not None else all(done(s, ev) for s, ev in d.barriers):
                     d.action()
                     self.free_events.extend(ev for _, ev in d.barriers)
                 else:
@@ -1002,6 +1018,7 @@ class Worker:
             self._async_failure(e)
 
     def _retire(self, w: Window) -> None:
+        w.retired = True
         self.free_events.extend(w.done.values())
         self.free_events.extend(w.deps)
         for obj in w.keep:
@@ -1011,17 +1028,29 @@ class Worker:
             self.staging.release(blk)
 
     def _w_drain(self) -> None:
-        """Submit the window, wait for every stream, retire everything (errors are kept in ``self.error``)."""
+        """Submit the window, wait for the streams that may still run work (``_busy_streams``), retire everything
+        (errors are kept in ``self.error``)."""
         self._w_flush()
         if self.fatal is not None:
             return
         try:
-            for s in self.streams:
-                self.drv.stream_synchronize(s)
+            for s in sorted(self._busy_streams()):
+                self.drv.stream_synchronize(self.streams[s])
         except DriverError as e:
             self._async_failure(e)
             return
         self._w_sweep(all_done=True)
+
+    def _busy_streams(self) -> set[int]:
+        """Stream indices of the windows not seen complete and of the barriers not seen complete: every command
+        outside a window (read-back, timed launch, peer copy) completed before its call returned, so no other
+        stream can hold work. A sync of an idle GPU then makes no driver call (it made one per stream)."""
+        busy: set[int] = set()
+        for w in self.inflight:
+            busy |= w.streams
+        for d in self.dead:
+            busy.update(s for s, _ in d.barriers)
+        return busy
 
     def _w_sync(self) -> None:
         self._w_drain()
@@ -1163,10 +1192,7 @@ class Worker:
                 if close is not None:
                     close()
 
-        if prog.streams:
-            self.dead.append(_Dead(self._barriers(prog.streams), unload))
-        else:
-            unload()
+        self._when_done(prog.streams, unload)
 
     def _w_launch_timed(self, program: int, args: tuple) -> int:
         self._w_drain()
