@@ -137,6 +137,20 @@ def test_256_cube_float32_gets_the_register_tile():
     assert src.count("zc[") >= 6 + 1 and "fmaf(za, zbk[zj]" in src
 
 
+def test_whole_micro_panels_pack_without_clamped_columns():
+    """n = 200 makes three whole 64-column micro-panels and one of 8: only that one clamps its column index (the
+    clamp kept gcc from proving the loads contiguous: it gathered, and packing cost more than the tiles' arithmetic
+    when m is small)."""
+    src = CRenderer().render(opt.optimize(_mm_kernel(64, 288, 200), HOST2))
+    whole = src.index("if (zjc + zp * 64 + 64 <= 200) {")
+    edge = src.index("else {", whole)
+    assert "const long long r1 = zjc + zp * 64 + zj;" in src[whole:edge] and "? zn :" not in src[whole:edge]
+    assert "const long long r1 = zn < 200 ? zn : 199;" in src[edge:]
+    xs = _inputs(64, 288, 200, dtypes.float32, False, False, 1)
+    out, _ = _run_kernel(_mm_kernel(64, 288, 200), xs)
+    _check(out, _reference(xs, False, False, False, dtypes.float32), dtypes.float32, 288)
+
+
 def test_small_and_non_contractions_keep_their_paths():
     assert opt.optimize(_mm_kernel(4, 8, 8), HOST2).gemm is None  # too little work
     i, j = ir.range_(0, 256), ir.range_(1, 256)

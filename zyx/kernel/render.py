@@ -627,19 +627,31 @@ class CRenderer(CStyleRenderer):
         lines.append(f"{i3}for ({it} zp = 0; zp < znp; zp++) {{")
         i4 = i3 + "  "
         lines.append(f"{i4}{rt} *zb = zpk + zp * {kc * nr};")
-        lines.append(f"{i4}for ({it} zk = 0; zk < zkc; zk++) {{")
-        i5 = i4 + "  "
-        lines.append(f"{i5}const {it} {rk} = zpc + zk;")
-        lines.append(f"{i5}#pragma omp simd")
-        lines.append(f"{i5}for ({it} zj = 0; zj < {nr}; zj++) {{")
-        i6 = i5 + "  "
-        lines.append(f"{i6}const {it} zn = zjc + zp * {nr} + zj;")
-        lines.append(f"{i6}const {it} {rn} = zn < {n} ? zn : {n - 1};")
-        name: dict[Expr, str] = {}
-        values([c.b], i6, name)
-        lines.append(f"{i6}zb[zk * {nr} + zj] = zn < {n} ? {operand(c.b, name)} : {zero};")
-        lines.append(f"{i5}}}")
-        lines.append(f"{i4}}}")
+        # a whole micro-panel needs no clamped column index: its loads stay affine in zj, so a right operand
+        # contiguous along n packs with vector loads (the clamp made gcc gather with 64-bit indices, which cost
+        # more than the tiles' arithmetic when the left operand has few rows)
+        for whole in (True, False):
+            i5 = i4 + "  "
+            lines.append(f"{i4}if (zjc + zp * {nr} + {nr} <= {n}) {{" if whole else f"{i4}else {{")
+            lines.append(f"{i5}for ({it} zk = 0; zk < zkc; zk++) {{")
+            i6 = i5 + "  "
+            lines.append(f"{i6}const {it} {rk} = zpc + zk;")
+            lines.append(f"{i6}#pragma omp simd")
+            lines.append(f"{i6}for ({it} zj = 0; zj < {nr}; zj++) {{")
+            i7 = i6 + "  "
+            name: dict[Expr, str] = {}
+            if whole:
+                lines.append(f"{i7}const {it} {rn} = zjc + zp * {nr} + zj;")
+                values([c.b], i7, name)
+                lines.append(f"{i7}zb[zk * {nr} + zj] = {operand(c.b, name)};")
+            else:
+                lines.append(f"{i7}const {it} zn = zjc + zp * {nr} + zj;")
+                lines.append(f"{i7}const {it} {rn} = zn < {n} ? zn : {n - 1};")
+                values([c.b], i7, name)
+                lines.append(f"{i7}zb[zk * {nr} + zj] = zn < {n} ? {operand(c.b, name)} : {zero};")
+            lines.append(f"{i6}}}")
+            lines.append(f"{i5}}}")
+            lines.append(f"{i4}}}")
         lines.append(f"{i3}}}")
         # the tiles of the panel, row tiles outer (a thread keeps its rows of the left operand while it sweeps)
         nt = -(-m // mr)
