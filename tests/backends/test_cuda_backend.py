@@ -566,7 +566,7 @@ def test_independent_chains_spread_over_streams_with_event_waits(fake, make_work
     assert stream_waits(fake, w) == [(w.streams[s], w.streams[streams[1]])]
 
 
-def test_stream_ordered_allocations_are_awaited_by_their_first_user(fake, make_worker):
+def test_stream_ordered_allocations_are_awaited_by_their_first_users_stream(fake, make_worker):
     w = make_worker(queues=4, window=100)
     pool = CudaPool(w)
     k = _kernel(w)
@@ -580,13 +580,24 @@ def test_stream_ordered_allocations_are_awaited_by_their_first_user(fake, make_w
     alloc_stream = w.allocator.stream
     allocs = [i for i, n in enumerate(names) if n == "mem_alloc_async"]
     assert len(allocs) == 2 and all(calls[i][1][1] == alloc_stream for i in allocs)
-    events = {calls[i + 1][1][0] for i in allocs
-              if names[i + 1] == "event_record" and calls[i + 1][1][1] == alloc_stream}
-    assert len(events) == 2  # an event on the allocation stream after each allocation
+    marks = [i for i, (n, a) in enumerate(calls) if n == "event_record" and a[1] == alloc_stream]
     first_launch = names.index("launch_kernel")
-    waited = {a[1] for n, a in calls[:first_launch] if n == "stream_wait_event"}
-    assert events <= waited  # the first user's stream waits for both before it runs
-    assert sum(1 for n, a in calls if n == "stream_wait_event" and a[1] in events) == 2
+    # one event after both allocations covers them; the first user's stream waits for it once, before it runs
+    assert len(marks) == 1 and allocs[-1] < marks[0] < first_launch
+    ev = calls[marks[0]][1][0]
+    assert [a for n, a in calls if n == "stream_wait_event"] == [(fake.launches[0][4], ev)]
+    assert names.index("stream_wait_event") < first_launch
+    # a window of fresh buffers: one event for all of them, one wait per stream running their first users
+    outs = [pool.allocate(64) for _ in range(6)]
+    fake.calls.clear()
+    fake.launches.clear()
+    for o in outs:
+        w.launch(k, (x, o, 16))
+    pool.sync()
+    marks = [a[0] for n, a in fake.calls if n == "event_record" and a[1] == alloc_stream]
+    assert len(marks) == 1
+    waits = [a[0] for n, a in fake.calls if n == "stream_wait_event" and a[1] == marks[0]]
+    assert sorted(waits) == sorted({launch[4] for launch in fake.launches})
     fresh = pool.allocate(16)  # read back before any command used it: the copy's stream waits too
     fake.calls.clear()
     pool.pool_to_host(fresh, memoryview(np.empty(4, np.float32).view(np.uint8)))

@@ -117,7 +117,8 @@ class DeviceBuffer:
     streams: set[int] = field(default_factory=set)  # every stream that ran a command using it
     pending: int = 0  # uses by commands of the unsubmitted window
     poison: str | None = None  # why its contents are invalid
-    ready: int | None = None  # event after a stream-ordered allocation: the first user's stream waits for it
+    ready: int | None = None  # its stream-ordered allocation's number (``Worker._alloc_epoch``): its first user's
+    # stream waits for the allocations up to it first (``_first_use``); None once waited for, or when not stream-ordered
 
 
 @dataclass
@@ -217,6 +218,9 @@ class Worker:
         self._seq = itertools.count(1)
         self._next_sweep = 0.0
         self._timing: tuple[int, int] | None = None
+        self._alloc_epoch = 0  # stream-ordered allocations made so far
+        self._alloc_mark: tuple[int, int | None] = (0, None)  # (allocations it covers, event on the allocation stream)
+        self._stream_epochs: list[int] = []  # per stream: the allocations it already waited for
         # filled by _w_init
         self.device = 0
         self.context = 0
@@ -446,6 +450,7 @@ class Worker:
                 self.attrs[name] = 0
         self.total_memory = drv.total_memory(self.device)
         self.streams = [drv.stream_create() for _ in range(self.config.queues)]
+        self._stream_epochs = [0] * len(self.streams)
         alloc_stream = drv.stream_create()
         if self.attrs.get("MEMORY_POOLS_SUPPORTED"):
             self.allocator: StreamOrderedAllocator | CachingAllocator = StreamOrderedAllocator(
@@ -513,24 +518,34 @@ class Worker:
         self.held += size
         return ptr
 
-    def _allocated_event(self) -> int | None:
-        """An event on the allocation stream after the allocations so far (None when they are complete)."""
+    def _allocated(self) -> int | None:
+        """The number of the stream-ordered allocation just made (None when allocations are complete at once)."""
         if self.allocator.stream is None:
             return None
-        ev = self._event()
-        self.drv.event_record(ev, self.allocator.stream)
-        return ev
+        self._alloc_epoch += 1
+        return self._alloc_epoch
 
-    def _wait_allocated(self, ready: int | None, stream: int) -> None:
-        """Order ``stream`` after a stream-ordered allocation. A wait binds the event's record at the time of the
-        call, so the event is free for reuse at once."""
-        if ready is not None:
-            self.drv.stream_wait_event(stream, ready)
-            self.free_events.append(ready)
+    def _wait_allocated(self, epoch: int | None, si: int) -> None:
+        """Order stream ``si`` after the stream-ordered allocations numbered up to ``epoch``. One event recorded on
+        the allocation stream covers every allocation made before it, and a stream that waited for it needs no
+        other wait for those: a window of new buffers costs one record and a wait per stream, not two calls per
+        buffer. A wait binds the event's record at the time of the call, so a replaced event is free for reuse."""
+        if epoch is None or self._stream_epochs[si] >= epoch:
+            return
+        covered, ev = self._alloc_mark
+        if covered < epoch:
+            if ev is not None:
+                self.free_events.append(ev)
+            ev = self._event()
+            self.drv.event_record(ev, self.allocator.stream)
+            covered = self._alloc_epoch
+            self._alloc_mark = (covered, ev)
+        self.drv.stream_wait_event(self.streams[si], ev)
+        self._stream_epochs[si] = covered
 
-    def _first_use(self, buf: DeviceBuffer, stream: int) -> None:
-        ready, buf.ready = buf.ready, None
-        self._wait_allocated(ready, stream)
+    def _first_use(self, buf: DeviceBuffer, si: int) -> None:
+        epoch, buf.ready = buf.ready, None
+        self._wait_allocated(epoch, si)
 
     def _w_allocate(self, nbytes: int, bid: int | None = None) -> int:
         """Allocate buffer ``bid`` (a posted allocation, counted in ``_posted_bytes`` until here) or a new id."""
@@ -541,7 +556,7 @@ class Worker:
         self._usable()
         ptr = self._alloc_raw(size)
         bid = next(self._ids) if bid is None else bid
-        self.buffers[bid] = DeviceBuffer(ptr, nbytes, size, ready=self._allocated_event())
+        self.buffers[bid] = DeviceBuffer(ptr, nbytes, size, ready=self._allocated())
         if debug_on("memory"):
             log("memory", f"{self.name}: allocate #{bid} {nbytes} B at {ptr:#x}")
         return bid
@@ -609,7 +624,7 @@ class Worker:
             del self.workspaces[stream_index]
         size = alloc_size(max(nbytes, 1 << 20))
         ptr = self._alloc_raw(size, may_drain=False)
-        self._wait_allocated(self._allocated_event(), self.streams[stream_index])
+        self._wait_allocated(self._allocated(), stream_index)
         self.workspaces[stream_index] = (ptr, size)
         return ptr
 
@@ -819,7 +834,7 @@ class Worker:
             try:
                 for buf in touched:
                     if buf.ready is not None:
-                        self._first_use(buf, stream)
+                        self._first_use(buf, si)
                 for t in pl.waits:
                     ev = self._event()
                     drv.event_record(ev, self.streams[t])
@@ -1071,8 +1086,9 @@ class Worker:
         chunk = min(n, self.config.staging_block)
         blocks = [self.staging.acquire(chunk) for _ in range(1 if n <= chunk else 2)]
         events = [self._event() for _ in blocks]
-        stream = self.streams[self.state.last_writer.get(buffer, 0)]  # ordered after every write of the buffer
-        self._first_use(buf, stream)
+        si = self.state.last_writer.get(buffer, 0)  # ordered after every write of the buffer
+        stream = self.streams[si]
+        self._first_use(buf, si)
         landed = False
         try:
             prev: tuple[int, Staging, int, int] | None = None
@@ -1221,7 +1237,7 @@ class Worker:
             for b in set(p.reads + p.writes):  # a buffer never used yet: after its stream-ordered allocation
                 buf = self.buffers[b]
                 if buf.ready is not None:
-                    self._first_use(buf, stream)
+                    self._first_use(buf, 0)
             drv.event_record(start, stream)
             self._submit(p, 0, stream, w)
             drv.event_record(end, stream)
