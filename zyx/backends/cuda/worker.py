@@ -24,13 +24,15 @@ compile, timed launch, sync). Invariants:
   buffer); later kernels writing it do not clear it, since a kernel may write only part of a buffer.
 - Lifetimes: every window records one completion event per stream it used and keeps what its commands point to
   (packed kernel arguments, pinned staging blocks) until those events completed. A buffer whose count reached zero
-  is freed only after barrier events recorded on every stream that used it completed (at once when no window not
-  yet seen complete ran on those streams); a buffer still named by the unsubmitted window gets its barriers right
-  after that window is submitted. Finished windows and dead buffers are swept on every loop iteration (at most every
-  ``poll_s``) and after every drain; a drain (sync) waits only for the streams that may still run work.
+  is freed only after all the work submitted on every stream that used it completed (``_when_done``: at once when no
+  window not yet seen complete ran there, with the newest window when it ran on all of them, else behind barrier
+  events); a buffer still named by the unsubmitted window is buried right after that window is submitted.
+  Finished windows and dead buffers are swept on every loop iteration (at most every ``poll_s``) and after every
+  drain; a drain (sync) waits only for the streams that may still run work.
 - Memory: the stream-ordered allocator on the device's default pool, release threshold raised so freed memory stays
-  cached (``cuMemAllocAsync``/``cuMemFreeAsync`` on a stream that gets no other work); without memory pools a
-  size-keyed cache over ``cuMemAlloc``. Out of memory: drain, free what is dead, trim the caches, retry once, then
+  cached (``cuMemAllocAsync``/``cuMemFreeAsync`` on a stream that gets no other work; a stream waits once for an
+  event covering every allocation made before it, ``_wait_allocated``); without memory pools a size-keyed cache
+  over ``cuMemAlloc``. Out of memory: drain, free what is dead, trim the caches, retry once, then
   ``BackendError(ALLOCATION, "out of memory on cuda:N: asked X GiB, Y GiB free")``.
 - Errors: a command that fails at submission poisons the buffers it writes and is reported at the next sync point.
   An asynchronous error (an event query or synchronize failing) names the launches of every window not yet seen
