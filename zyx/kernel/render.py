@@ -630,9 +630,14 @@ class CRenderer(CStyleRenderer):
         # a whole micro-panel needs no clamped column index: its loads stay affine in zj, so a right operand
         # contiguous along n packs with vector loads (the clamp made gcc gather with 64-bit indices, which cost
         # more than the tiles' arithmetic when the left operand has few rows)
-        for whole in (True, False):
+        # (n a multiple of nr: every micro-panel is whole, and the clamped copy is not rendered)
+        ragged = n % nr != 0
+        for whole in (True, False) if ragged else (True,):
             i5 = i4 + "  "
-            lines.append(f"{i4}if (zjc + zp * {nr} + {nr} <= {n}) {{" if whole else f"{i4}else {{")
+            if not ragged:
+                lines.append(f"{i4}{{")
+            else:
+                lines.append(f"{i4}if (zjc + zp * {nr} + {nr} <= {n}) {{" if whole else f"{i4}else {{")
             lines.append(f"{i5}for ({it} zk = 0; zk < zkc; zk++) {{")
             i6 = i5 + "  "
             lines.append(f"{i6}const {it} {rk} = zpc + zk;")
