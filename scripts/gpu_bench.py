@@ -439,6 +439,35 @@ extern "C" __global__ void zyx_bench_tiny(float* out) {
 """
 
 
+def case_conv2d(env: Env, dtype: str = "float32") -> Row:
+    """A 3x3 convolution, padding 1, exact float32 on both sides (zyx on CUDA without TF32: its generated kernel,
+    the windows of the padded input read by the GEMM itself; torch's cuDNN with ``allow_tf32`` off)."""
+    from zyx.nn import functional as F
+
+    n, c, o, s = (2, 8, 16, 12) if env.smoke else (32, 64, 128, 56)
+    row = Row(f"conv2d {dtype} {n}x{c}x{s}x{s} * {o}x{c}x3x3 pad 1", "TFLOP/s")
+    x_np, w_np = _random((n, c, s, s), dtype, 7), _random((o, c, 3, 3), dtype, 8) * 0.1
+    x, w = env.tensor(x_np), env.tensor(w_np)
+    flops = 2.0 * n * o * s * s * c * 9
+    reps = env.repeats(10)
+    row.note = _schedule_note(F.conv2d(x, w, padding=1))
+    row.zyx = flops / median_s(lambda: F.conv2d(x, w, padding=1).realize(), env.sync, reps) / 1e12
+    z = F.conv2d(x, w, padding=1).numpy().astype(np.float32)
+    if env.torch is not None:
+        t = env.torch
+        tx, tw = env.ttensor(x_np), env.ttensor(w_np)
+        saved = t.backends.cudnn.allow_tf32
+        t.backends.cudnn.allow_tf32 = False
+        try:
+            row.torch = flops / median_s(lambda: t.nn.functional.conv2d(tx, tw, padding=1), env.tsync, reps) / 1e12
+            ref = t.nn.functional.conv2d(tx, tw, padding=1).float().cpu().numpy()
+        finally:
+            t.backends.cudnn.allow_tf32 = saved
+        err = float(np.max(np.abs(z - ref)) / max(np.max(np.abs(ref)), 1e-30))
+        row.note += f"; max rel diff vs torch {err:.1e}"
+    return row
+
+
 def case_tiny(env: Env) -> list[Row]:
     rows = []
     n = 200 if env.smoke else 10_000
@@ -519,6 +548,7 @@ def cases(env: Env) -> list[tuple[str, Callable[[], Row | list[Row]], float]]:
     out.append(("matmul generated", lambda: case_matmul_generated(env), 60))
     out.append(("matmul generated variants", lambda: case_matmul_generated_variants(env), 90))
     out.append(("tiny launches", lambda: case_tiny(env), 30))
+    out.append(("conv2d", lambda: case_conv2d(env), 30))
     for dtype in ("bfloat16", "float16", "float32"):
         matmul(dtype, 4096)
     return out

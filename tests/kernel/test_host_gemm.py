@@ -290,3 +290,107 @@ def test_random_contractions_match_numpy(m, kk, n, batch, ta, tb, epi, d, mr, ve
 def test_fuzz_reaches_the_pass(monkeypatch):
     monkeypatch.setattr(opt, "GEMM_MIN_WORK", 1)
     assert opt.optimize(_mm_kernel(3, 5, 8), HOST2).gemm is not None
+
+
+# ---- several column loops: a convolution's positions (implicit im2col) ------------------------------------------
+
+
+def _conv_kernel(batch: int, o: int, c: int, h: int, w: int, kh: int, kw: int, pad: int) -> Kernel:
+    """out[b, oc, y, x] = sum over (ci, i, j) merged into one range of weight[oc, ci, i, j] * x[b, ci, y + i - pad,
+    x + j - pad] (0 outside): the fused im2col GEMM a convolution's graph lowers to. Its output positions (y, x)
+    are two loops (the padding's bounds keep them from merging)."""
+    oh, ow = h + 2 * pad - kh + 1, w + 2 * pad - kw + 1
+    kk = c * kh * kw
+    b, oc, y, x = ir.range_(0, batch), ir.range_(1, o), ir.range_(2, oh), ir.range_(3, ow)
+    r = ir.range_(4, kk)
+    ci, i, j = r // (kh * kw), (r // kw) % kh, r % kw
+    yy, xx = y + i - pad, x + j - pad
+    inside = ir.alu(Ops.AND, ir.alu(Ops.AND, ir.alu(Ops.CMPLE, ir.const(0, ir.index_dtype), yy),
+                                    ir.alu(Ops.CMPLT, yy, ir.const(h, ir.index_dtype))),
+                    ir.alu(Ops.AND, ir.alu(Ops.CMPLE, ir.const(0, ir.index_dtype), xx),
+                           ir.alu(Ops.CMPLT, xx, ir.const(w, ir.index_dtype))))
+    f32 = dtypes.float32
+    pixel = ir.alu(Ops.WHERE, inside, ir.load(2, f32, b * (c * h * w) + ci * (h * w) + yy * w + xx),
+                   ir.const(0.0, f32))
+    red = ir.reduce(Ops.ADD, ir.alu(Ops.MUL, ir.load(1, f32, oc * kk + r), pixel), (r,))
+    params = (Param("p0", f32, "out", batch * o * oh * ow), Param("p1", f32, "in", o * kk),
+              Param("p2", f32, "in", batch * c * h * w))
+    return Kernel("conv", params, (b, oc, y, x), (Store(0, ((b * o + oc) * oh + y) * ow + x, red),))
+
+
+def _conv_reference(xs: list[np.ndarray], o: int, kh: int, kw: int, pad: int) -> np.ndarray:
+    x, wt = xs[1].astype(np.float64), xs[0].astype(np.float64).reshape(o, -1, kh, kw)
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    oh, ow = xp.shape[2] - kh + 1, xp.shape[3] - kw + 1
+    cols = np.stack([xp[:, :, i:i + oh, j:j + ow] for i in range(kh) for j in range(kw)], 2)  # b, c, k, oh, ow
+    return np.einsum("ock,bckyx->boyx", wt.reshape(o, -1, kh * kw), cols)
+
+
+def _conv_inputs(batch, o, c, h, w, kh, kw, seed=0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((o, c * kh * kw)).astype(np.float32),
+            rng.standard_normal((batch, c, h, w)).astype(np.float32)]
+
+
+def test_a_convolutions_positions_tile_as_the_columns_of_one_gemm():
+    """The output loops after m that only the input depends on, (y, x), are the GEMM's columns, flattened; the
+    heuristic's micro-panels divide the row (x: 32), so each packs and stores as one affine run."""
+    k = _conv_kernel(2, 64, 32, 32, 32, 3, 3, 1)
+    ko = opt.optimize(k, HOST2)
+    g = ko.gemm
+    assert g is not None and [r.arg[0] for r in g.cols] == [2, 3] and g.n == 1024 and g.c.m.arg[0] == 1
+    assert 32 % g.nr == 0
+    src = CRenderer().render(ko)
+    assert "const long long r2 = (zq / 32) % 32;" in src and "const long long r3 = zo + zt;" in src
+    xs = _conv_inputs(2, 64, 32, 32, 32, 3, 3)
+    out, _ = _run_kernel(k, xs)
+    _check(out, _conv_reference(xs, 64, 3, 3, 1), dtypes.float32, 288)
+
+
+@settings(max_examples=14, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@given(batch=st.integers(1, 2), o=st.integers(2, 20), c=st.integers(1, 4), h=st.integers(1, 9), w=st.integers(1, 40),
+       kh=st.integers(1, 3), kw=st.integers(1, 3), pad=st.integers(0, 2), mr=st.sampled_from(opt.GEMM_MR),
+       nr=st.sampled_from((16, 32, 48, 64, 7)), nc=st.sampled_from((1, 33, 64, 512)), kc=st.integers(1, 40))
+def test_random_convolutions_tile_and_match_numpy(batch, o, c, h, w, kh, kw, pad, mr, nr, nc, kc, monkeypatch):
+    """Rows of the innermost column loop shorter, longer and not multiples of the micro-panels (runs cross rows;
+    ragged last panels), any tile."""
+    monkeypatch.setattr(opt, "GEMM_MIN_WORK", 1)
+    if h + 2 * pad < kh or w + 2 * pad < kw:
+        return
+    k = _conv_kernel(batch, o, c, h, w, kh, kw, pad)
+    xs = _conv_inputs(batch, o, c, h, w, kh, kw, seed=o * w + c)
+    params = {"gemm_mr": mr, "gemm_nr": nr, "gemm_nc": nc, "gemm_kc": kc}
+    out, ko = _run_kernel(k, xs, params)
+    tiled = opt.gemm_contraction(opt.merge_loops(opt.drop_unit_loops(k))) is not None
+    assert (ko.gemm is not None) == tiled
+    _check(out, _conv_reference(xs, o, kh, kw, pad), dtypes.float32, c * kh * kw)
+
+
+def test_columns_are_only_loops_the_left_operand_does_not_read():
+    """A batch both operands read, placed innermost (after n), is no column: the contraction keeps its path."""
+    m, n, kk, bt = ir.range_(0, 32), ir.range_(1, 48), ir.range_(2, 64), ir.range_(3, 4)
+    f32 = dtypes.float32
+    red = ir.reduce(Ops.ADD, ir.alu(Ops.MUL, ir.load(1, f32, (bt * 32 + m) * 64 + kk),
+                                    ir.load(2, f32, (bt * 64 + kk) * 48 + n)), (kk,))
+    k = Kernel("k", (Param("p0", f32, "out", 4 * 32 * 48), Param("p1", f32, "in", 4 * 32 * 64),
+                     Param("p2", f32, "in", 4 * 64 * 48)), (m, n, bt), (Store(0, (bt * 32 + m) * 48 + n, red),))
+    c = find_contraction(k)
+    assert c is not None and (c.m, c.n) == (m, n)
+    assert opt.gemm_columns(k, c) is None and opt.gemm_contraction(k) is None
+
+
+def test_a_convolution_without_blas_is_one_tiled_kernel_matching_torch():
+    """conv2d on the generated path: the windows of the padded input feed the GEMM's packing (no im2col buffer)."""
+    torch = pytest.importorskip("torch")
+    from zyx.nn import functional as F
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((6, 5, 13, 11)).astype(np.float32)
+    w = rng.standard_normal((24, 5, 3, 3)).astype(np.float32)
+    ref = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), padding=1, stride=(1, 2)).numpy()
+    with host_without_blas():
+        y = F.conv2d(zyx.Tensor(x), zyx.Tensor(w), padding=1, stride=(1, 2))
+        (kernel,) = kernels_of(y)
+        ko = opt.optimize(kernel, _host().info())
+        assert ko.gemm is not None and len(ko.gemm.cols) == 2
+        np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-4)

@@ -550,8 +550,10 @@ GEMM_KCS = (128, 256, 512, 1024)
 
 @dataclass(frozen=True)
 class GemmTile:
-    """The host plan of a contraction ``c`` whose output loops ``c.m``, ``c.n`` are the kernel's innermost two
-    (the loops before them are batch loops, run one after the other).
+    """The host plan of a contraction ``c`` whose output loop ``c.m`` is followed by the loops ``cols`` only the
+    right operand depends on (``c.n`` the innermost; the loops before ``c.m`` are batch loops, run one after the
+    other). The columns are ``cols`` flattened, ``n`` of them: a convolution's output positions (oh, ow), whose
+    right operand is the padded input read through its windows (implicit im2col), tile as one GEMM.
 
     Per batch index and column panel of ``nc`` columns (``nc`` a multiple of ``nr``), per k block of ``kc``: the
     threads pack ``c.b`` into a shared buffer of ``nr``-wide micro-panels (columns past the end are 0), then
@@ -568,21 +570,44 @@ class GemmTile:
     kc: int
     partial: int
     direct: bool
+    cols: tuple[Expr, ...] = ()  # the column loops, outer to inner (``c.n`` last); () means ``(c.n,)``
+
+    @property
+    def columns(self) -> tuple[Expr, ...]:
+        return self.cols or (self.c.n,)
+
+    @property
+    def n(self) -> int:
+        """The number of columns (the product of the column loops' sizes)."""
+        return math.prod(r.arg[1] for r in self.columns)
 
 
 def _gemm_dtype_ok(d) -> bool:
     return d in (dtypes.float32, dtypes.float64) or (d.is_int and d.itemsize >= 4)
 
 
+def gemm_columns(k: Kernel, c: Contraction) -> tuple[Expr, ...] | None:
+    """The output loops after ``c.m``, when ``c.n`` is the innermost loop and the left operand depends on none of
+    them: the GEMM's columns, flattened (``GemmTile.cols``). None otherwise."""
+    cols = k.loops[k.loops.index(c.m) + 1:]
+    if not cols or cols[-1] is not c.n or any(r in c.a.ranges for r in cols):
+        return None
+    return cols
+
+
 def gemm_contraction(k: Kernel) -> Contraction | None:
-    """The contraction ``tile_gemm`` can tile: its output loops are the kernel's innermost two, its dtype is
-    float32, float64 or a 32/64-bit integer, and it is large enough to pay for packing."""
+    """The contraction ``tile_gemm`` can tile: its output loop ``m`` is followed by column loops only
+    (``gemm_columns``), its dtype is float32, float64 or a 32/64-bit integer, and it is large enough to pay for
+    packing."""
     if k.then or len(k.loops) < 2 or k.parallel or k.vector_acc is not None or k.gemm is not None:
         return None
     c = find_contraction(k)
-    if c is None or c.m is not k.loops[-2] or c.n is not k.loops[-1] or not _gemm_dtype_ok(c.red.dtype):
+    if c is None or not _gemm_dtype_ok(c.red.dtype):
         return None
-    m, n, kk = c.m.arg[1], c.n.arg[1], c.k.arg[1]
+    cols = gemm_columns(k, c)
+    if cols is None:
+        return None
+    m, n, kk = c.m.arg[1], math.prod(r.arg[1] for r in cols), c.k.arg[1]
     if m < 2 or n < 8 or kk < 4 or math.prod(r.arg[1] for r in k.loops) * kk < GEMM_MIN_WORK:
         return None
     return c
@@ -609,12 +634,28 @@ def _gemm_shape(n_vectors: int, registers: int) -> tuple[int, int]:
     return best[2], best[1]
 
 
+def _gemm_rows(m: int, mr: int, vecs: int) -> int:
+    """``mr``, or when its last row tile would compute over ``m / 16`` rows past ``m`` (m = 64 in tiles of 12: 8
+    rows, an eighth of the work), the largest smaller height with the fewest such rows that keeps at least 8
+    accumulators (enough to hide the FMA latency)."""
+    if -(-m // mr) * mr - m <= m // 16:
+        return mr
+    heights = [h for h in range(mr, 0, -1) if h * vecs >= 8] or [mr]
+    return min(heights, key=lambda h: (-(-m // h) * h, -h))
+
+
 def _gemm_defaults(k: Kernel, c: Contraction, info: DeviceInfo) -> dict[str, int]:
     """The heuristic tile: as many accumulator vectors as the target's registers hold (``_gemm_shape``), panels
-    of ``GEMM_PANEL_BYTES``."""
+    of ``GEMM_PANEL_BYTES``. Over several column loops, micro-panels that divide the innermost where one does
+    (each then lies in one row of it: one affine segment to pack and store)."""
     lanes = _gemm_lanes(c, info)
-    n, kk = c.n.arg[1], c.k.arg[1]
-    mr, vecs = _gemm_shape(n // lanes, info.vector_registers)
+    cols = gemm_columns(k, c) or (c.n,)
+    n, kk = math.prod(r.arg[1] for r in cols), c.k.arg[1]
+    vectors = n // lanes
+    if len(cols) > 1:
+        vectors = next((v for v in (4, 2, 1) if v <= max(vectors, 1) and c.n.arg[1] % (v * lanes) == 0), vectors)
+    mr, vecs = _gemm_shape(vectors, info.vector_registers)
+    mr = _gemm_rows(c.m.arg[1], mr, vecs)
     kc = kk if kk <= GEMM_KC_MAX else GEMM_KC
     depth = kc if _gemm_direct(k, c) and not _gemm_wide(k, c) else kk
     nr = vecs * lanes
@@ -659,9 +700,12 @@ def tile_gemm(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Kern
     partial = min(kc if kc < kk else GEMM_PARTIAL, kk) if wide else 0
     if not direct:
         kc = kk
+    cols = gemm_columns(k, c)
+    n = math.prod(r.arg[1] for r in cols)
     nc = max(nr, int(p["gemm_nc"]) // nr * nr)
-    nc = min(nc, -(-c.n.arg[1] // nr) * nr)
-    return replace(k, parallel=0, vector=False, gemm=GemmTile(c, mr, nr, nc, kc, partial, direct))
+    nc = min(nc, -(-n // nr) * nr)
+    tile = GemmTile(c, mr, nr, nc, kc, partial, direct, cols if len(cols) > 1 else ())
+    return replace(k, parallel=0, vector=False, gemm=tile)
 
 
 # the optional host passes, by the names DISABLED takes

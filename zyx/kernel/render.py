@@ -20,6 +20,8 @@ from zyx.kernel.linearize import Block, Loop, Reduce, ScanInit, linearize, walk
 from zyx.ops import COMPARE, TRANSCENDENTAL, Ops
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from zyx.kernel.opt import GemmTile
 
 HALFS = (dtypes.float16, dtypes.bfloat16)
@@ -569,9 +571,10 @@ class CRenderer(CStyleRenderer):
         at = self.acc_type(c.red, k)
         pt = self.reg_type(d)  # the tile's type (float32 partials under float64 accumulators)
         rt = self.reg_type(d)
-        m, n, kk = c.m.arg[1], c.n.arg[1], c.k.arg[1]
+        m, n, kk = c.m.arg[1], g.n, c.k.arg[1]
         mr, nr, nc, kc = g.mr, g.nr, g.nc, g.kc
         rm, rn, rk = (f"r{x.arg[0]}" for x in (c.m, c.n, c.k))
+        n_inner = c.n.arg[1]  # the innermost column loop's size (``n`` with one column loop)
 
         def values(roots: list[Expr], ind: str, name: dict[Expr, str]) -> None:
             """Define every value of ``roots`` not yet named, sources first."""
@@ -604,6 +607,23 @@ class CRenderer(CStyleRenderer):
                 return f"{acc} = fma({a}, {b}, {acc});"
             return f"{acc} += ({rt})({a} * {b});"
 
+        def segments(first: str, count: str, ind: str, body: Callable[[str], None]) -> None:
+            """Columns ``first .. first + count`` (several column loops) as runs along the innermost loop: per run,
+            the outer column loops' values, the run's length ``zl`` and its offset ``zj`` in the range, then
+            ``body(ind)``, which runs the innermost loop as ``rn = zo + zt`` for ``zt < zl``."""
+            lines.append(f"{ind}for (int zj = 0; zj < {count}; ) {{")
+            i1 = ind + "  "
+            lines.append(f"{i1}const {it} zq = {first} + zj, zo = zq % {n_inner};")
+            rest = f"zq / {n_inner}"
+            for r in reversed(g.columns[:-1]):
+                lines.append(f"{i1}const {it} r{r.arg[0]} = ({rest}) % {r.arg[1]};")
+                rest = f"({rest}) / {r.arg[1]}"
+            lines.append(f"{i1}const int zl = {count} - zj < {n_inner} - zo ? (int)({count} - zj) : "
+                         f"(int)({n_inner} - zo);")
+            body(i1)
+            lines.append(f"{i1}zj += zl;")
+            lines.append(f"{ind}}}")
+
         zero = self.literal(0, d)
         pack_bytes = -(-kc * nc * d.itemsize // 64) * 64 + 64
         lines.append(f"{ind}{rt} *zpk = ({rt}*)aligned_alloc(64, {pack_bytes}ULL);")
@@ -612,7 +632,7 @@ class CRenderer(CStyleRenderer):
         lines.append(f"{ind}#pragma omp parallel num_threads(zyx_threads(64))")
         lines.append(f"{ind}{{")
         i1 = ind + "  "
-        batch = k.loops[:-2]
+        batch = k.loops[:k.loops.index(c.m)]
         for r in batch:
             lines.append(f"{i1}for ({it} r{r.arg[0]} = 0; r{r.arg[0]} < {r.arg[1]}; r{r.arg[0]}++) {{")
             i1 += "  "
@@ -627,12 +647,33 @@ class CRenderer(CStyleRenderer):
         lines.append(f"{i3}for ({it} zp = 0; zp < znp; zp++) {{")
         i4 = i3 + "  "
         lines.append(f"{i4}{rt} *zb = zpk + zp * {kc * nr};")
+        if g.cols:  # several column loops: runs along the innermost (``segments``), zero past the last column
+            lines.append(f"{i4}const {it} zs0 = zjc + zp * {nr};")
+            lines.append(f"{i4}const int zw = {n} - zs0 < {nr} ? (int)({n} - zs0) : {nr};")
+            if n % nr:
+                lines.append(f"{i4}for ({it} zk = 0; zk < zkc; zk++) for (int zj = zw; zj < {nr}; zj++) "
+                             f"zb[zk * {nr} + zj] = {zero};")
+
+            def pack_run(ind: str) -> None:
+                lines.append(f"{ind}for ({it} zk = 0; zk < zkc; zk++) {{")
+                lines.append(f"{ind}  const {it} {rk} = zpc + zk;")
+                lines.append(f"{ind}  #pragma omp simd")
+                lines.append(f"{ind}  for (int zt = 0; zt < zl; zt++) {{")
+                lines.append(f"{ind}    const {it} {rn} = zo + zt;")
+                name: dict[Expr, str] = {}
+                values([c.b], ind + "    ", name)
+                lines.append(f"{ind}    zb[zk * {nr} + zj + zt] = {operand(c.b, name)};")
+                lines.append(f"{ind}  }}")
+                lines.append(f"{ind}}}")
+
+            segments("zs0", "zw", i4, pack_run)
         # a whole micro-panel needs no clamped column index: its loads stay affine in zj, so a right operand
         # contiguous along n packs with vector loads (the clamp made gcc gather with 64-bit indices, which cost
         # more than the tiles' arithmetic when the left operand has few rows)
         # (n a multiple of nr: every micro-panel is whole, and the clamped copy is not rendered)
         ragged = n % nr != 0
-        for whole in (True, False) if ragged else (True,):
+        kinds = () if g.cols else (True, False) if ragged else (True,)  # (several column loops: packed above)
+        for whole in kinds:
             i5 = i4 + "  "
             if not ragged:
                 lines.append(f"{i4}{{")
@@ -705,20 +746,30 @@ class CRenderer(CStyleRenderer):
         i5 = i4 + "  "
         lines.append(f"{i5}const {it} {rm} = zi0 + zi;")
         lines.append(f"{i5}if ({rm} >= {m}) break;")
-        lines.append(f"{i5}#pragma omp simd")
-        lines.append(f"{i5}for (int zj = 0; zj < zjn; zj++) {{")
-        i6 = i5 + "  "
-        lines.append(f"{i6}const {it} {rn} = zj0 + zj;")
-        name = {c.red: f"(({rt}){acc}[zi][zj])"}
-        for st in k.stores:
-            values([st.index, st.value], i6, name)
-        for st in k.stores:
-            p = k.params[st.param]
-            idx, val = operand(st.index, name), operand(st.value, name)
-            if g.direct and kc < kk:
-                val = f"(zpc == 0 ? {val} : p{st.param}[{idx}] + {val})"
-            lines.append(f"{i6}p{st.param}[{idx}] = {self.to_storage(val, p.dtype)};")
-        lines.append(f"{i5}}}")
+
+        def store_run(ind: str, column: str) -> None:
+            """The stores of the columns ``zt`` of a run: the innermost loop's ``rn`` is ``column``."""
+            lines.append(f"{ind}#pragma omp simd")
+            lines.append(f"{ind}for (int zt = 0; zt < zl; zt++) {{")
+            i6 = ind + "  "
+            lines.append(f"{i6}const {it} {rn} = {column};")
+            name = {c.red: f"(({rt}){acc}[zi][zj + zt])"}
+            for st in k.stores:
+                values([st.index, st.value], i6, name)
+            for st in k.stores:
+                p = k.params[st.param]
+                idx, val = operand(st.index, name), operand(st.value, name)
+                if g.direct and kc < kk:
+                    val = f"(zpc == 0 ? {val} : p{st.param}[{idx}] + {val})"
+                lines.append(f"{i6}p{st.param}[{idx}] = {self.to_storage(val, p.dtype)};")
+            lines.append(f"{ind}}}")
+
+        if g.cols:
+            segments("zj0", "zjn", i5, lambda ind: store_run(ind, "zo + zt"))
+        else:
+            lines.append(f"{i5}{{ const int zj = 0, zl = zjn;")
+            store_run(i5 + "  ", "zj0 + zt")
+            lines.append(f"{i5}}}")
         lines.append(f"{i4}}}")
         lines.append(f"{i3}}}")  # tiles
         lines.append(f"{i2}}}")  # k blocks

@@ -1,9 +1,9 @@
 """Convolution and pooling with PyTorch's names, layouts (N, C, *spatial) and semantics, built from tensor ops.
 
 Sliding windows (``windows``) are a gather by an affine index, one load per element, so a pooling fuses into one
-kernel; their gradient adds strided placements (pads). A convolution lays the windows out as columns
-(im2col, one per sample) and multiplies the flattened weight by them: GEMMs the matmul matcher hands to BLAS or
-cuDNN.
+kernel; their gradient adds strided placements (pads). A convolution views the windows as columns (im2col, one
+per sample) and multiplies the flattened weight by them: a GEMM the matmul matcher hands to BLAS or cuDNN (which
+copy the columns out first), or a generated one that packs its panels from the windows themselves.
 """
 
 from __future__ import annotations
@@ -88,10 +88,11 @@ def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padding, dilat
     out_shape = w.shape[2:2 + nd]
     g, k, positions = groups, math.prod(kernel), math.prod(out_shape)
     # per sample and group: the weight (o / g, cg * k) times columns (cg * k, positions), so the product is already
-    # the output's layout (n, o, *out). The columns are copied in the windows' own axes (loops without division)
-    # and merged as a view; the weight's gradient is a batched GEMM summed over the batch
+    # the output's layout (n, o, *out). The columns stay a view of the padded input: a library GEMM gets them
+    # copied out, the host's generated GEMM packs them from the input (its columns are the output positions,
+    # ``opt.GemmTile.cols``); the weight's gradient is a batched GEMM summed over the batch
     order = (0, 1, 2, *range(3 + nd, 3 + 2 * nd), *range(3, 3 + nd))
-    cols = w.reshape((n, g, cg) + w.shape[2:]).permute(order).contiguous().reshape(n, g, cg * k, positions)
+    cols = w.reshape((n, g, cg) + w.shape[2:]).permute(order).reshape(n, g, cg * k, positions)
     y = (weight.reshape(1, g, o // g, cg * k) @ cols).reshape((n, o) + out_shape)
     if bias is not None:
         if bias.shape != (o,):
