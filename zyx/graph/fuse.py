@@ -18,7 +18,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 
 from zyx.backends.base import BackendError, ErrorStatus
@@ -207,7 +207,10 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
             if id(ms[0]) in root_ids:
                 alone = id(ms[0]) if ms[0].op is Ops.SCAN else None  # a scan's loop order is its own
                 buckets.setdefault((depth[u], ms[0].device, ms[0].shape, alone), []).append(ms)
-        groups = [(key[0], g) for key, units_ in buckets.items() for g in _share_groups(units_, reads)]
+        def sums_products(ms: list[Class], inline: set[Class] = inline) -> bool:
+            return _sums_products(ms, computed_by, stored, inline)
+
+        groups = [(key[0], g) for key, units_ in buckets.items() for g in _share_groups(units_, reads, sums_products)]
         result: list[KernelGroup] = []
         grew = False
         for d, group in groups:
@@ -332,13 +335,39 @@ def _unit_depths(units: list[Class], deps: dict[int, list[Class]], unit_of: dict
     return depth
 
 
-def _share_groups(units: list[list[Class]], reads: dict[int, list[Class]]) -> list[list[Class]]:
+def _sums_products(members: list[Class], computed_by: Callable[[Class], Node], stored: set[Class],
+                   inline: set[Class]) -> bool:
+    """Whether the kernel of ``members`` computes a sum of products (what a matmul or a convolution lowers to),
+    looking through the classes it inlines."""
+    stack, seen = list(members), set()
+    while stack:
+        c = stack.pop()
+        if id(c) in seen or c.realized or c.op is Ops.VAR:
+            continue
+        seen.add(id(c))
+        n = computed_by(c)
+        if n.op is Ops.REDUCE and n.arg[0] is Ops.ADD:
+            src = n.srcs[0]
+            while not src.realized and src.op is Ops.CAST:
+                src = src.srcs[0]
+            if not src.realized and src.op is Ops.MUL:
+                return True
+        stack.extend(x for x in n.srcs if x not in stored or x in inline)
+    return False
+
+
+def _share_groups(units: list[list[Class]], reads: dict[int, list[Class]],
+                  sums_products: Callable[[list[Class]], bool]) -> list[list[Class]]:
     """Merge units (of one depth, device and shape) that read a common stored class: one kernel then loads it
     once. Units sharing nothing stay apart (merging them saves a launch but costs parallelism, e.g. one
-    kernel computing many unrelated full reductions one after another)."""
+    kernel computing many unrelated full reductions one after another), and so does a unit that sums products
+    (``sums_products``): alone, its kernel is a contraction the device tiles as a GEMM; beside another reduce it
+    would be one loop nest per output (x @ wq, x @ wk and x @ wv in one kernel ran 300x slower)."""
     sets = UnionFind(range(len(units)))
     first_reader: dict[int, int] = {}
     for i, ms in enumerate(units):
+        if sums_products(ms):
+            continue
         for c in ms:
             for d in reads[id(c)]:
                 sets.union(first_reader.setdefault(id(d), i), i)
