@@ -410,3 +410,19 @@ def test_matmuls_sharing_an_operand_stay_separate_tiled_kernels():
         zyx.realize(*outs)
         for o, w in zip(outs, ws):
             np.testing.assert_allclose(o.numpy(), x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+
+
+def test_contractions_added_together_are_each_a_tiled_kernel():
+    """A recurrent cell's x @ wx + h @ wh (and a relu on one side): each product a kernel of its own, tiled, then
+    the sum. Inlined into the sum's kernel, side by side, they were one loop nest: 139 ms against 1.4 ms at
+    256x512x512."""
+    rng = np.random.default_rng(9)
+    x, h = (rng.standard_normal((64, 96)).astype(np.float32) for _ in range(2))
+    wx, wh = (rng.standard_normal((96, 80)).astype(np.float32) for _ in range(2))
+    with host_without_blas():
+        y = zyx.Tensor(x) @ zyx.Tensor(wx) + (zyx.Tensor(h) @ zyx.Tensor(wh)).relu()
+        kernels = kernels_of(y)
+        tiled = [k for k in kernels if opt.optimize(k, _host().info()).gemm is not None]
+        assert len(tiled) == 2 and all(len(k.reduces()) <= 1 for k in kernels), [k.name for k in kernels]
+        ref = x.astype(np.float64) @ wx + np.maximum(h.astype(np.float64) @ wh, 0)
+        np.testing.assert_allclose(y.numpy(), ref, rtol=1e-4, atol=1e-4)

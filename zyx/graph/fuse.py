@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from zyx.backends.base import BackendError, ErrorStatus
 from zyx.graph.lower import KernelBuilder, recompute_factors
 from zyx.graph.node import Class, Node
+from zyx.kernel import ir
 from zyx.ops import ELEMENTWISE, TRANSCENDENTAL, Ops
 from zyx.utils import log
 
@@ -234,6 +235,11 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
                     stored.add(rc)
                     grew = True
                     log("sched", f"store {rc!r}: its kernel would recompute it {factor}x")
+            for rc in _side_by_side_contractions(b, computed_by):
+                if rc not in stored:
+                    stored.add(rc)
+                    grew = True
+                    log("sched", f"store {rc!r}: a contraction beside other reduces in one kernel is not tiled")
             result.append(KernelGroup(group, b, d))
         if not grew:
             return Fusion(stored, aliases, sorted(result, key=lambda g: g.depth), class_depth)
@@ -335,6 +341,31 @@ def _unit_depths(units: list[Class], deps: dict[int, list[Class]], unit_of: dict
     return depth
 
 
+def _product_sum(n: Node) -> bool:
+    """A sum over products (through casts): a matmul's or a convolution's contraction."""
+    if n.op is not Ops.REDUCE or n.arg[0] is not Ops.ADD:
+        return False
+    src = n.srcs[0]
+    while not src.realized and src.op is Ops.CAST:
+        src = src.srcs[0]
+    return not src.realized and src.op is Ops.MUL
+
+
+def _side_by_side_contractions(b: KernelBuilder, computed_by: Callable[[Class], Node]) -> list[Class]:
+    """The contraction classes of ``b``'s kernel when it runs several reduces side by side (none inside another's
+    loops), one of them a contraction: ``x @ w1 + (x @ w2).relu()`` or a recurrent cell's ``x @ wx + h @ wh`` as one
+    loop nest ran 100x slower than a tiled GEMM each. Stored, each is a kernel of its own. (Nested reduces, such as
+    the scores inside an attention's weighted sum, stay: that kernel is one pass over them.)"""
+    reds = b.kernel().reduces()
+    if len(reds) < 2:
+        return []
+    inner = {id(e) for r in reds for e in ir.toposort(list(r.srcs)) if e.op is Ops.REDUCE}
+    top = [r for r in reds if id(r) not in inner and r in b.reduce_class]
+    classes = [b.reduce_class[r] for r in top]
+    picked = [c for c in classes if _product_sum(computed_by(c))]
+    return picked if len(top) > 1 and picked else []
+
+
 def _sums_products(members: list[Class], computed_by: Callable[[Class], Node], stored: set[Class],
                    inline: set[Class]) -> bool:
     """Whether the kernel of ``members`` computes a sum of products (what a matmul or a convolution lowers to),
@@ -346,12 +377,8 @@ def _sums_products(members: list[Class], computed_by: Callable[[Class], Node], s
             continue
         seen.add(id(c))
         n = computed_by(c)
-        if n.op is Ops.REDUCE and n.arg[0] is Ops.ADD:
-            src = n.srcs[0]
-            while not src.realized and src.op is Ops.CAST:
-                src = src.srcs[0]
-            if not src.realized and src.op is Ops.MUL:
-                return True
+        if _product_sum(n):
+            return True
         stack.extend(x for x in n.srcs if x not in stored or x in inline)
     return False
 
