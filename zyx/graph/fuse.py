@@ -359,7 +359,7 @@ def _side_by_side_contractions(b: KernelBuilder, computed_by: Callable[[Class], 
     reds = b.kernel().reduces()
     if len(reds) < 2:
         return []
-    inner = {id(e) for r in reds for e in ir.toposort(list(r.srcs)) if e.op is Ops.REDUCE}
+    inner = {id(e) for e in ir.toposort([x for r in reds for x in r.srcs]) if e.op is Ops.REDUCE}
     top = [r for r in reds if id(r) not in inner and r in b.reduce_class]
     classes = [b.reduce_class[r] for r in top]
     picked = [c for c in classes if _product_sum(computed_by(c))]

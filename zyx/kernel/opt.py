@@ -570,16 +570,12 @@ class GemmTile:
     kc: int
     partial: int
     direct: bool
-    cols: tuple[Expr, ...] = ()  # the column loops, outer to inner (``c.n`` last); () means ``(c.n,)``
-
-    @property
-    def columns(self) -> tuple[Expr, ...]:
-        return self.cols or (self.c.n,)
+    cols: tuple[Expr, ...]  # the column loops, outer to inner (``c.n`` last)
 
     @property
     def n(self) -> int:
         """The number of columns (the product of the column loops' sizes)."""
-        return math.prod(r.arg[1] for r in self.columns)
+        return math.prod(r.arg[1] for r in self.cols)
 
 
 def _gemm_dtype_ok(d) -> bool:
@@ -649,7 +645,7 @@ def _gemm_defaults(k: Kernel, c: Contraction, info: DeviceInfo) -> dict[str, int
     of ``GEMM_PANEL_BYTES``. Over several column loops, micro-panels that divide the innermost where one does
     (each then lies in one row of it: one affine segment to pack and store)."""
     lanes = _gemm_lanes(c, info)
-    cols = gemm_columns(k, c) or (c.n,)
+    cols = gemm_columns(k, c)
     n, kk = math.prod(r.arg[1] for r in cols), c.k.arg[1]
     vectors = n // lanes
     if len(cols) > 1:
@@ -704,8 +700,7 @@ def tile_gemm(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Kern
     n = math.prod(r.arg[1] for r in cols)
     nc = max(nr, int(p["gemm_nc"]) // nr * nr)
     nc = min(nc, -(-n // nr) * nr)
-    tile = GemmTile(c, mr, nr, nc, kc, partial, direct, cols if len(cols) > 1 else ())
-    return replace(k, parallel=0, vector=False, gemm=tile)
+    return replace(k, parallel=0, vector=False, gemm=GemmTile(c, mr, nr, nc, kc, partial, direct, cols))
 
 
 # the optional host passes, by the names DISABLED takes

@@ -615,7 +615,7 @@ class CRenderer(CStyleRenderer):
             i1 = ind + "  "
             lines.append(f"{i1}const {it} zq = {first} + zj, zo = zq % {n_inner};")
             rest = f"zq / {n_inner}"
-            for r in reversed(g.columns[:-1]):
+            for r in reversed(g.cols[:-1]):
                 lines.append(f"{i1}const {it} r{r.arg[0]} = ({rest}) % {r.arg[1]};")
                 rest = f"({rest}) / {r.arg[1]}"
             lines.append(f"{i1}const int zl = {count} - zj < {n_inner} - zo ? (int)({count} - zj) : "
@@ -647,7 +647,8 @@ class CRenderer(CStyleRenderer):
         lines.append(f"{i3}for ({it} zp = 0; zp < znp; zp++) {{")
         i4 = i3 + "  "
         lines.append(f"{i4}{rt} *zb = zpk + zp * {kc * nr};")
-        if g.cols:  # several column loops: runs along the innermost (``segments``), zero past the last column
+        several = len(g.cols) > 1  # column loops: packed and stored in runs along the innermost (``segments``)
+        if several:  # zero past the last column
             lines.append(f"{i4}const {it} zs0 = zjc + zp * {nr};")
             lines.append(f"{i4}const int zw = {n} - zs0 < {nr} ? (int)({n} - zs0) : {nr};")
             if n % nr:
@@ -672,7 +673,7 @@ class CRenderer(CStyleRenderer):
         # more than the tiles' arithmetic when the left operand has few rows)
         # (n a multiple of nr: every micro-panel is whole, and the clamped copy is not rendered)
         ragged = n % nr != 0
-        kinds = () if g.cols else (True, False) if ragged else (True,)  # (several column loops: packed above)
+        kinds = () if several else (True, False) if ragged else (True,)  # (several column loops: packed above)
         for whole in kinds:
             i5 = i4 + "  "
             if not ragged:
@@ -764,7 +765,7 @@ class CRenderer(CStyleRenderer):
                 lines.append(f"{i6}p{st.param}[{idx}] = {self.to_storage(val, p.dtype)};")
             lines.append(f"{ind}}}")
 
-        if g.cols:
+        if several:
             segments("zj0", "zjn", i5, lambda ind: store_run(ind, "zo + zt"))
         else:
             lines.append(f"{i5}{{ const int zj = 0, zl = zjn;")
