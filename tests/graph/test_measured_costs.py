@@ -108,3 +108,52 @@ def test_empty_matmuls_are_not_timed(autotune, a_shape, b_shape):
     got = (zyx.Tensor(a) @ zyx.Tensor(b)).numpy()
     np.testing.assert_array_equal(got, a @ b)
     assert zyx.debug.stats()["measured_alternatives"] == 0
+
+
+def _conv(seed: int = 4):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((2, 4, 10, 10)).astype(np.float32)
+    w = rng.standard_normal((8, 4, 3, 3)).astype(np.float32)
+    X, W = zyx.Tensor(x).realize(), zyx.Tensor(w).realize()
+    torch = pytest.importorskip("torch")
+    want = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(w), padding=1).numpy()
+    return X, W, want
+
+
+def test_a_convolution_is_timed_whole_both_ways(autotune, monkeypatch):
+    """The generated alternative is the convolution's fused kernel read from the input itself (not a GEMM over a
+    scratch columns buffer); the library's time includes materializing the columns it reads."""
+    X, W, want = _conv()
+    clones = []
+    real = schedule._generated_timer
+    monkeypatch.setattr(schedule, "_generated_timer", lambda out, *rest: clones.append(out) or real(out, *rest))
+    zyx.debug.reset_stats()
+    out = zyx.nn.functional.conv2d(X, W, padding=1)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4)
+    assert zyx.debug.stats()["measured_alternatives"] == 3
+    kinds = sorted(k.split("|")[-1].split(":")[0] for k in json.loads(autotune.path.read_text()))
+    assert kinds == ["generated", "library", "materialize"]
+    generated, materialize = clones
+    leaves = [schedule.walk([c])[1] for c in clones]
+    assert {c.buffer for c in leaves[0]} == {X.cls.buffer, W.cls.buffer}, "the image and weights, no columns"
+    assert [c.buffer for c in leaves[1]] == [X.cls.buffer], "the columns are computed from the image"
+    assert materialize.numel == 2 * 10 * 10 * 4 * 9, "the columns: 36 taps of 200 output pixels"
+
+
+@pytest.mark.parametrize("winner", ["generated", "library"])
+def test_the_clock_decides_a_convolution(autotune, winner):
+    X, W, want = _conv(seed=5)
+    zyx.nn.functional.conv2d(X, W, padding=1).realize()
+    data = json.loads(autotune.path.read_text())
+    for k in data:
+        mine = f"|{winner}:" in k or (winner == "library" and "|materialize:" in k)
+        data[k] = 1.0 if mine else 1e9
+    autotune.path.write_text(json.dumps(data))
+    autotune.clear_memory()
+    schedule.clear_cache()
+    out = zyx.nn.functional.conv2d(X, W, padding=1)
+    kinds = [s.kind for s in zyx.debug.schedule(out)]
+    assert ("library" in kinds) == (winner == "library")
+    if winner == "generated":
+        assert kinds == ["generated"], "one fused kernel, the columns never stored"
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4)

@@ -1,17 +1,21 @@
 """Measured costs for extraction: with autotuning on, each matmul's alternatives are timed instead of estimated.
 
 For a matmul class (``match_matmul``) that a device offered a library kernel for, both ways of computing it
-run on scratch inputs of the same shapes, dtypes and strides: the library program alone, and the generated
-kernels of a copy of the matmul's subgraph (its operands replaced by fresh leaves), each with
-``Device.launch_timed`` (``autotune.steady_ns``: the statistic the kernel search uses too). The copy is
-planned without library alternatives, so it is exactly what extraction's generated choice would compile.
-Times are kept on disk (``<cache>/measured_costs.json``) keyed by the device, the matmul's signature and the
-alternative (the library kernel's name; the generated kernels' source hash), so a later process times nothing
-it timed before.
+run with ``Device.launch_timed`` (``autotune.steady_ns``: the statistic the kernel search uses too):
+- generated: the kernels of a copy of the matmul's subgraph, planned without library alternatives (exactly what
+  extraction's generated choice compiles). The copy reaches down to buffers through what generated code
+  computes inside the kernel that reads it (elementwise, movement, gathers: a convolution's im2col columns);
+  an operand computed by a kernel of its own (a reduce, a scan) is replaced by a zero-filled scratch buffer.
+- library: the library program on scratch buffers, plus the generated kernels that materialize its inputs
+  which are not buffers yet (a convolution's columns), timed the same way.
+Buffers the copies read are the graph's own (read only); every output and intermediate is fresh. Times are kept
+on disk (``<cache>/measured_costs.json``) keyed by the device, the matmul's signature and the alternative (the
+library kernel's name; the generated kernels' source hash; a materialization's source hash), so a later process
+times nothing it timed before.
 
-What extraction gets: ``{(id(class), id(node)): ns}`` — the library node at its measured time, the generated
-``REDUCE`` node at the generated kernels' time, and the classes between it and its operands (the product and
-the views, fused into that kernel) at zero.
+What extraction gets: ``{(id(class), id(node)): ns}`` — the library node at its measured time (materializing its
+inputs included), the generated ``REDUCE`` node at the generated kernels' time, and the classes both times cover
+(the product, the views, the fused producers, the library's materialized inputs) at zero.
 """
 
 from __future__ import annotations
@@ -21,14 +25,14 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from zyx.backends.autotune import steady_ns
 from zyx.backends.base import LibraryKernel
 from zyx.graph.match import Matmul
 from zyx.graph.node import Buffer, Class, leaf, make
-from zyx.ops import Ops
+from zyx.ops import ELEMENTWISE, MOVEMENT, Ops
 from zyx.utils import STATS, cache_dir, log
 
 Costs = dict[tuple[int, int], float]
@@ -79,30 +83,58 @@ def signature(m: Matmul) -> str:
     return f"mm b{m.batch} m{m.m} n{m.n} k{m.k} a[{operand(m.a)}] b[{operand(m.b)}] -> {c.dtype.name}{c.shape}"
 
 
-def _inner(m: Matmul) -> list[Class]:
-    """The classes from ``m.cls`` down to (without) its operands' bases, sources first."""
-    bases = {id(m.a.view.base), id(m.b.view.base)}
+FUSED_PRODUCERS = ELEMENTWISE | MOVEMENT | {Ops.GATHER, Ops.TAKE_ALONG, Ops.IOTA, Ops.CONST, Ops.VAR}
+
+
+def _fused_into_reader(base: Class) -> bool:
+    """Whether generated code computes ``base`` inside the kernel that reads it: nothing between it and buffers
+    is a kernel of its own (a reduce, a scan, a copy)."""
+    seen: set[int] = set()
+    stack = [base]
+    while stack:
+        c = stack.pop()
+        if id(c) in seen or c.realized:
+            continue
+        seen.add(id(c))
+        if not c.nodes or c.nodes[0].op not in FUSED_PRODUCERS:
+            return False
+        stack.extend(c.nodes[0].srcs)
+    return True
+
+
+def _computed(root: Class, stop: Mapping[int, Class]) -> list[Class]:
+    """The unrealized classes ``root`` is computed from (itself last), sources first, not entering ``stop``."""
     out: list[Class] = []
     seen: set[int] = set()
-
-    def visit(c: Class) -> None:
-        if id(c) in seen or id(c) in bases or c.realized or not c.nodes:
-            return
+    stack: list[tuple[Class, bool]] = [(root, False)]
+    while stack:
+        c, done = stack.pop()
+        if done:
+            out.append(c)
+            continue
+        if id(c) in seen or id(c) in stop or c.realized or not c.nodes:
+            continue
         seen.add(id(c))
-        for s in c.nodes[0].srcs:
-            visit(s)
-        out.append(c)
-
-    visit(m.cls)
+        stack.append((c, True))
+        stack.extend((s, False) for s in reversed(c.nodes[0].srcs))
     return out
 
 
 def _clone(inner: list[Class], subst: dict[int, Class]) -> Class:
-    """``inner``'s last class rebuilt over ``subst``'s classes (by id of what they replace)."""
+    """``inner``'s last class rebuilt over ``subst``'s classes (by id of what they replace) and over new leaves
+    holding the buffers of realized sources: new classes all (hash-consing would return the originals, which carry
+    the library alternatives). Classes without sources (constants, iotas, scalar variables) are kept."""
     new: dict[int, Class] = dict(subst)
+
+    def source(s: Class) -> Class:
+        t = new.get(id(s))
+        if t is None:
+            t = new[id(s)] = leaf(s.buffer, s.shape, s.dtype) if s.realized else s
+        return t
+
     for c in inner:
         n = c.nodes[0]
-        new[id(c)] = make(n.op, tuple(new.get(id(s), s) for s in n.srcs), n.arg, c.shape, c.dtype, c.device)
+        new[id(c)] = c if not n.srcs else make(n.op, tuple(map(source, n.srcs)), n.arg, c.shape, c.dtype, c.device)
     return new[id(inner[-1])]
 
 
@@ -118,13 +150,44 @@ def _time_library(lib: LibraryKernel, out: Class, pool) -> float:
     return steady_ns(lambda: lib.device.launch_timed(lib.program, [b.id for b in bufs]))
 
 
+def _timed(store: MeasuredCosts, key: str, timer: Callable[[], float]) -> float:
+    """``store``'s time for ``key``, measured by ``timer`` (and kept) when it has none."""
+    t = store.get(key)
+    if t is None:
+        STATS["measured_alternatives"] += 1
+        t = timer()
+        store.put(key, t)
+    return t
+
+
+class _Copies:
+    """Copies of one matmul's subgraph for timing its generated kernels: down to buffers through fused producers,
+    operands computed by kernels of their own replaced by scratch buffers. ``covered`` collects the classes the
+    copied kernels compute."""
+
+    def __init__(self, m: Matmul, pool, plan_generated: Callable[[Class], tuple[str, Callable[[], float]]]):
+        bases = (m.a.view.base, m.b.view.base)
+        self.stop = {id(b): b for b in bases if not b.realized and not _fused_into_reader(b)}
+        self.subst = {i: leaf(_scratch(b, pool), b.shape, b.dtype) for i, b in self.stop.items()}
+        self.plan_generated = plan_generated
+        self.covered: set[Class] = set()
+
+    def generated(self, x: Class) -> tuple[str, Callable[[], float]]:
+        """``plan_generated`` of ``x``'s copy; source "" (and nothing to time) when ``x`` is a buffer."""
+        inner = _computed(x, self.stop)
+        if not inner:
+            return "", lambda: 0.0
+        self.covered.update(inner)
+        return self.plan_generated(_clone(inner, self.subst))
+
+
 def matmul_costs(matmuls: Iterable[Matmul], pool_of: Callable[[str], object], device_key: Callable[[str], str],
-                 plan_generated: Callable[[Class, list[Class]], tuple[str, Callable[[], float]]],
+                 plan_generated: Callable[[Class], tuple[str, Callable[[], float]]],
                  store: MeasuredCosts | None = None) -> Costs:
     """Measured costs of the alternatives of every matmul class with a library alternative (see the module
-    docstring). ``plan_generated(clone, leaves)`` plans the generated kernels computing ``clone`` from ``leaves``
-    (scratch buffers) and returns their sources' hash and a function timing them (ns); ``device_key(device)``
-    names a device for the disk keys; ``pool_of(device)`` is its pool. ``store``: ``STORE`` by default."""
+    docstring). ``plan_generated(clone)`` plans the generated kernels computing ``clone`` from its leaves and
+    returns their sources' hash and a function timing them (ns); ``device_key(device)`` names a device for the
+    disk keys; ``pool_of(device)`` is its pool. ``store``: ``STORE`` by default."""
     store = store or STORE
     costs: Costs = {}
     for m in matmuls:
@@ -132,25 +195,22 @@ def matmul_costs(matmuls: Iterable[Matmul], pool_of: Callable[[str], object], de
         libs = [n for n in c.nodes if n.op is Ops.KERNEL]
         if not libs or c.nodes[0].op is not Ops.REDUCE or c.numel == 0:  # an empty product runs nothing
             continue
-        pool, dev, sig, inner = pool_of(c.device), device_key(c.device), signature(m), _inner(m)
-        bases = {id(m.a.view.base): m.a.view.base, id(m.b.view.base): m.b.view.base}
-        leaves = {i: leaf(_scratch(b, pool), b.shape, b.dtype) for i, b in bases.items()}
-        source, time_generated = plan_generated(_clone(inner, leaves), list(leaves.values()))
-        alternatives = [(c.nodes[0], f"generated:{source}", time_generated, None)]
+        pool, dev, sig = pool_of(c.device), device_key(c.device), signature(m)
+        copies = _Copies(m, pool, plan_generated)
+        source, timer = copies.generated(c)
+        t = costs[(id(c), id(c.nodes[0]))] = _timed(store, f"{dev}|{sig}|generated:{source}", timer)
+        log("sched", f"measured {sig} generated: {t / 1e3:.1f}us")
         for n in libs:
             lib: LibraryKernel = n.arg
-            alternatives.append((n, f"library:{lib.name}", functools.partial(_time_library, lib, c, pool), lib.est_ns))
-        for n, what, timer, estimate in alternatives:
-            key = f"{dev}|{sig}|{what}"
-            t = store.get(key)
-            if t is None:
-                STATS["measured_alternatives"] += 1
-                t = timer()
-                store.put(key, t)
-            costs[(id(c), id(n))] = t
-            est = "" if estimate is None else f" (estimated {estimate / 1e3:.1f}us)"
-            log("sched", f"measured {sig} {what.split(':')[0]}: {t / 1e3:.1f}us{est}")
-        for x in inner[:-1]:  # fused into the generated kernel, whose measured time covers them
+            t_lib = _timed(store, f"{dev}|{sig}|library:{lib.name}", functools.partial(_time_library, lib, c, pool))
+            t_in = 0.0
+            for x in lib.inputs:
+                source, timer = copies.generated(x)
+                t_in += _timed(store, f"{dev}|materialize:{source}", timer) if source else 0.0
+            costs[(id(c), id(n))] = t_lib + t_in
+            inputs = f" + {t_in / 1e3:.1f}us materializing its inputs" if t_in else ""
+            log("sched", f"measured {sig} library: {t_lib / 1e3:.1f}us{inputs} (estimated {lib.est_ns / 1e3:.1f}us)")
+        for x in copies.covered - {c}:  # inside what the measured times cover
             costs[(id(x), id(x.nodes[0]))] = 0.0
     return costs
 

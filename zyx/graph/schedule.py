@@ -243,15 +243,16 @@ def _compile_all(kernels: list[tuple[object, Device]]) -> list[int]:
     return programs
 
 
-def _generated_timer(out: Class, leaves: list[Class]) -> tuple[str, Callable[[], float]]:
-    """Plan ``out`` from buffer ``leaves`` with generated kernels only; return their sources' hash and a function
-    timing those kernels (ns: the sum over launches of ``launch_timed``, intermediates allocated once)."""
+def _generated_timer(out: Class) -> tuple[str, Callable[[], float]]:
+    """Plan ``out`` from its leaves (buffers, scalar variables) with generated kernels only; return their sources'
+    hash and a function timing those kernels (ns: the sum over launches of ``launch_timed``, intermediates
+    allocated once)."""
     order, walked, _ = walk([out])
     p = plan(order, walked, [out], match=False)
     gen = [st for st in p.steps if st.kind == "generated"]
     name = measure.source_hash(st.dev.source(st.program) if hasattr(st.dev, "source") else repr(st.source)
                                for st in gen)
-    values = [c.buffer for c in walked]
+    values = [c.buffer if c.realized else c.var_value for c in walked]
 
     def time_plan() -> float:
         table = _slot_table(p, values)
