@@ -45,7 +45,7 @@ from zyx.backends.base import BackendError, Pool, ProgramId
 from zyx.kernel.ir import Kernel
 from zyx.kernel.search import CandidateFailed, SearchResult, Trial, beam_search
 from zyx.kernel.target import DeviceInfo
-from zyx.utils import STATS, cache_dir, debug_on, log
+from zyx.utils import STATS, cache_dir, debug_on, log, on_caller_thread
 
 CACHE_VERSION = 1
 WARMUP = 1  # untimed launches of each candidate before timing (first-touch pages, module load, caches)
@@ -56,12 +56,17 @@ SLOW_NS = 20_000_000
 def steady_ns(run: Callable[[], int]) -> float:
     """The time of one launch as every measurement here takes it (candidates, and the extraction's costs of
     alternatives): ``WARMUP`` untimed calls of ``run`` (which returns ns), then the median of ``REPEATS`` (3 when
-    a launch takes longer than ``SLOW_NS``)."""
-    for _ in range(WARMUP):
-        run()
-    times = [run()]
-    times += [run() for _ in range((3 if times[0] > SLOW_NS else REPEATS) - 1)]
-    return float(statistics.median(times))
+    a launch takes longer than ``SLOW_NS``). Runs on the thread that launches kernels for real (``on_caller_thread``:
+    planning runs on a thread of its own)."""
+
+    def measure() -> float:
+        for _ in range(WARMUP):
+            run()
+        times = [run()]
+        times += [run() for _ in range((3 if times[0] > SLOW_NS else REPEATS) - 1)]
+        return float(statistics.median(times))
+
+    return on_caller_thread(measure)
 
 
 class Tunable(Protocol):
