@@ -220,13 +220,45 @@ def test_every_search_space_value_computes_the_same(case, monkeypatch):
     xs = _inputs(m, kk, n, d, ta, tb, batch, seed=1)
     ref = _reference(xs, ta, tb, epi, d)
     space = {name: v for name, v in opt.search_space(k, HOST2).items() if name.startswith("gemm_")}
-    assert set(space) == {"gemm_mr", "gemm_nr", "gemm_nc", "gemm_kc"}
-    extra = {"gemm_mr": (1, 5), "gemm_nr": (7, 24), "gemm_nc": (1, 33), "gemm_kc": (1, 37)}
+    assert set(space) == {"gemm_mr", "gemm_nr", "gemm_nc", "gemm_kc"} | ({"gemm_batch"} if batch >= 2 else set())
+    extra = {"gemm_mr": (1, 5), "gemm_nr": (7, 24), "gemm_nc": (1, 33), "gemm_kc": (1, 37), "gemm_batch": ()}
     for name, values in space.items():
         for v in (*values, *extra[name]):
             out, ko = _run_kernel(k, xs, {name: v})
             assert ko.gemm is not None
             _check(out, ref, d, kk)
+
+
+@pytest.mark.parametrize("per_batch", [False, True])
+def test_batches_split_among_threads_or_each_batch_shared(per_batch, monkeypatch):
+    """Both ways of running a batched GEMM on several threads compute the same: the threads share each batch's
+    tiles (a barrier after packing and after the tiles), or take whole batch indices, each with its own packed
+    panel (no barrier). Two batch loops that do not merge (the weights broadcast over the first) are one
+    worksharing loop (``collapse(2)``)."""
+    monkeypatch.setattr(opt, "_gemm_per_batch", lambda k, c, info: int(per_batch))
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((5, 3, 33, 40)).astype(np.float32)
+    w = rng.standard_normal((3, 40, 50)).astype(np.float32)
+    with host_without_blas():
+        out = zyx.Tensor(x) @ zyx.Tensor(w)
+        (k,) = kernels_of(out)
+        ko = opt.optimize(k, registry().get("host").primary.info())
+        got = out.numpy()
+    assert ko.gemm is not None and ko.gemm.per_batch is per_batch
+    src = CRenderer().render(ko)
+    assert ("collapse(2)" in src) is per_batch
+    assert src.count("#pragma omp for") == (1 if per_batch else 2)
+    np.testing.assert_allclose(got, x @ w, rtol=1e-4, atol=1e-4)
+
+
+def test_per_batch_heuristic_wants_even_or_many_batches(monkeypatch):
+    """Threads take whole batch indices when those divide evenly among them or are at least 8 per thread."""
+    monkeypatch.setattr(opt, "GEMM_MIN_WORK", 1)
+    for batch, units, want in [(2, 2, True), (3, 2, False), (16, 2, True), (17, 2, True), (12, 16, False),
+                               (17, 16, False), (64, 16, True), (1, 2, False), (4, 1, False)]:
+        k = _mm_kernel(40, 48, 64, batch=batch)
+        ko = opt.optimize(k, DeviceInfo("host", "host", compute_units=units, vector_bytes=32, vector_registers=16))
+        assert ko.gemm is not None and ko.gemm.per_batch is want, (batch, units)
 
 
 # ---- end to end: the graph's matmuls on the generated path ----------------------------------------------------

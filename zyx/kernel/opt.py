@@ -551,17 +551,20 @@ GEMM_KCS = (128, 256, 512, 1024)
 @dataclass(frozen=True)
 class GemmTile:
     """The host plan of a contraction ``c`` whose output loop ``c.m`` is followed by the loops ``cols`` only the
-    right operand depends on (``c.n`` the innermost; the loops before ``c.m`` are batch loops, run one after the
-    other). The columns are ``cols`` flattened, ``n`` of them: a convolution's output positions (oh, ow), whose
-    right operand is the padded input read through its windows (implicit im2col), tile as one GEMM.
+    right operand depends on (``c.n`` the innermost; the loops before ``c.m`` are batch loops). The columns are
+    ``cols`` flattened, ``n`` of them: a convolution's output positions (oh, ow), whose right operand is the
+    padded input read through its windows (implicit im2col), tile as one GEMM.
 
     Per batch index and column panel of ``nc`` columns (``nc`` a multiple of ``nr``), per k block of ``kc``: the
     threads pack ``c.b`` into a shared buffer of ``nr``-wide micro-panels (columns past the end are 0), then
-    split the ``mr`` x ``nr`` tiles of the panel; a tile accumulates ``c.a`` (evaluated in place, rows past the
-    end clamped to the last row and discarded) times the micro-panel in a local array that the C compiler keeps
-    in vector registers. ``kc`` < k only when ``direct`` (the one store writes the reduce itself, in its dtype,
-    not widened): the blocks then add into the output. ``partial`` > 0 (wide float32 accumulators): the tile sums
-    ``partial`` k in float32, then adds them into a float64 tile. Sums reassociate; products are the same."""
+    split the ``mr`` x ``nr`` tiles of the panel (two barriers per panel and k block). With ``per_batch`` each
+    thread takes whole batch indices instead and packs into a buffer of its own: no barrier inside (for many
+    batch indices, where barriers add up; when the OpenMP runtime sleeps in them they cost more than the
+    arithmetic). A tile accumulates ``c.a`` (evaluated in place, rows past the end clamped to the last row and
+    discarded) times the micro-panel in a local array that the C compiler keeps in vector registers. ``kc`` < k
+    only when ``direct`` (the one store writes the reduce itself, in its dtype, not widened): the blocks then add
+    into the output. ``partial`` > 0 (wide float32 accumulators): the tile sums ``partial`` k in float32, then
+    adds them into a float64 tile. Sums reassociate; products are the same."""
 
     c: Contraction
     mr: int
@@ -571,6 +574,7 @@ class GemmTile:
     partial: int
     direct: bool
     cols: tuple[Expr, ...]  # the column loops, outer to inner (``c.n`` last)
+    per_batch: bool = False  # threads split the batch indices (each its own panel), not each batch's tiles
 
     @property
     def n(self) -> int:
@@ -657,7 +661,19 @@ def _gemm_defaults(k: Kernel, c: Contraction, info: DeviceInfo) -> dict[str, int
     nr = vecs * lanes
     nc = max(nr, GEMM_PANEL_BYTES // (depth * c.red.dtype.itemsize) // nr * nr)
     nc = min(nc, -(-n // nr) * nr)
-    return {"gemm_mr": mr, "gemm_nr": nr, "gemm_nc": nc, "gemm_kc": kc}
+    return {"gemm_mr": mr, "gemm_nr": nr, "gemm_nc": nc, "gemm_kc": kc, "gemm_batch": _gemm_per_batch(k, c, info)}
+
+
+def _gemm_batches(k: Kernel, c: Contraction) -> int:
+    """The number of batch indices (the product of the loops before ``c.m``)."""
+    return math.prod(r.arg[1] for r in k.loops[:k.loops.index(c.m)])
+
+
+def _gemm_per_batch(k: Kernel, c: Contraction, info: DeviceInfo) -> int:
+    """1 when threads should split the batch indices (``GemmTile.per_batch``): they divide evenly among the
+    threads, or are many (at least 8 per thread: the last round's imbalance is at most an eighth)."""
+    b, t = _gemm_batches(k, c), max(1, info.compute_units)
+    return int(t > 1 and b >= t and (b % t == 0 or b >= 8 * t))
 
 
 def _gemm_wide(k: Kernel, c: Contraction) -> bool:
@@ -676,19 +692,24 @@ def gemm_search_space(k: Kernel, info: DeviceInfo) -> dict[str, tuple[int, ...]]
     def first(v: int, cands) -> tuple[int, ...]:
         return (v, *(x for x in cands if x != v))
 
-    return {"gemm_mr": first(d["gemm_mr"], GEMM_MR), "gemm_nr": first(d["gemm_nr"], [v * lanes for v in GEMM_NR]),
-            "gemm_nc": first(d["gemm_nc"], GEMM_NC), "gemm_kc": first(d["gemm_kc"], GEMM_KCS)}
+    space = {"gemm_mr": first(d["gemm_mr"], GEMM_MR), "gemm_nr": first(d["gemm_nr"], [v * lanes for v in GEMM_NR]),
+             "gemm_nc": first(d["gemm_nc"], GEMM_NC), "gemm_kc": first(d["gemm_kc"], GEMM_KCS)}
+    if _gemm_batches(k, c) >= max(2, info.compute_units):
+        space["gemm_batch"] = first(d["gemm_batch"], (0, 1))
+    return space
 
 
 def tile_gemm(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Kernel:
     """Mark a contraction (``gemm_contraction``) for register tiling (``Kernel.gemm``); ``params``
     ``gemm_mr`` / ``gemm_nr`` / ``gemm_nc`` / ``gemm_kc`` override the heuristic (any positive values compute the
-    same result; ``nc`` is rounded to a multiple of ``nr``). Other kernels are returned unchanged. Call it after
+    same result; ``nc`` is rounded to a multiple of ``nr``), and ``gemm_batch`` (0 or 1: ``GemmTile.per_batch``).
+    Other kernels are returned unchanged. Call it after
     ``widen_accumulators`` (the plan depends on ``wide_acc``)."""
     c = gemm_contraction(k)
     if c is None:
         return k
-    p = {**_gemm_defaults(k, c, info), **{x: v for x, v in (params or {}).items() if x.startswith("gemm_") and v}}
+    chosen = {x: v for x, v in (params or {}).items() if x.startswith("gemm_") and (v or x == "gemm_batch")}
+    p = {**_gemm_defaults(k, c, info), **chosen}
     mr, nr = max(1, int(p["gemm_mr"])), max(1, int(p["gemm_nr"]))
     kk, wide = c.k.arg[1], _gemm_wide(k, c)
     kc = max(1, min(int(p["gemm_kc"]), kk))
@@ -700,7 +721,8 @@ def tile_gemm(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Kern
     n = math.prod(r.arg[1] for r in cols)
     nc = max(nr, int(p["gemm_nc"]) // nr * nr)
     nc = min(nc, -(-n // nr) * nr)
-    return replace(k, parallel=0, vector=False, gemm=GemmTile(c, mr, nr, nc, kc, partial, direct, cols))
+    per_batch = bool(p["gemm_batch"]) and _gemm_batches(k, c) > 1
+    return replace(k, parallel=0, vector=False, gemm=GemmTile(c, mr, nr, nc, kc, partial, direct, cols, per_batch))
 
 
 # the optional host passes, by the names DISABLED takes

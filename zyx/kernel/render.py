@@ -560,7 +560,8 @@ class CRenderer(CStyleRenderer):
     def render_gemm(self, k: Kernel, g: GemmTile, ind: str) -> list[str]:
         """The loop nest of a register-tiled contraction (``opt.GemmTile`` ``g``): inside one parallel region,
         per batch index, column panel and k block, the threads pack ``g.c.b`` into ``zpk`` (``nr``-wide
-        micro-panels, k-major, zero past the last column), then share the ``mr`` x ``nr`` tiles; a tile
+        micro-panels, k-major, zero past the last column), then share the ``mr`` x ``nr`` tiles (``g.per_batch``:
+        each thread takes whole batch indices and has a ``zpk`` of its own, with no worksharing inside); a tile
         accumulates in ``zc`` (a local array of constant shape that gcc keeps in vector registers), then the
         stores run per element of the tile with the reduce read from it."""
         c = g.c
@@ -626,13 +627,24 @@ class CRenderer(CStyleRenderer):
 
         zero = self.literal(0, d)
         pack_bytes = -(-kc * nc * d.itemsize // 64) * 64 + 64
-        lines.append(f"{ind}{rt} *zpk = ({rt}*)aligned_alloc(64, {pack_bytes}ULL);")
-        lines.append(f'{ind}if (!zpk) {{ fputs("zyx: out of memory for the {pack_bytes}-byte packing buffer of '
-                     f'kernel {k.name}\\n", stderr); abort(); }}')
+
+        def allocate(ind: str) -> None:
+            lines.append(f"{ind}{rt} *zpk = ({rt}*)aligned_alloc(64, {pack_bytes}ULL);")
+            lines.append(f'{ind}if (!zpk) {{ fputs("zyx: out of memory for the {pack_bytes}-byte packing buffer of '
+                         f'kernel {k.name}\\n", stderr); abort(); }}')
+
+        # worksharing of the pack and the tiles: none when each thread runs whole batch indices
+        share = "" if g.per_batch else "#pragma omp for schedule(static)"
+        if not g.per_batch:
+            allocate(ind)
         lines.append(f"{ind}#pragma omp parallel num_threads(zyx_threads(64))")
         lines.append(f"{ind}{{")
         i1 = ind + "  "
         batch = k.loops[:k.loops.index(c.m)]
+        if g.per_batch:
+            allocate(i1)
+            collapse = f" collapse({len(batch)})" if len(batch) > 1 else ""
+            lines.append(f"{i1}#pragma omp for schedule(static){collapse}")
         for r in batch:
             lines.append(f"{i1}for ({it} r{r.arg[0]} = 0; r{r.arg[0]} < {r.arg[1]}; r{r.arg[0]}++) {{")
             i1 += "  "
@@ -643,7 +655,8 @@ class CRenderer(CStyleRenderer):
         i3 = i2 + "  "
         lines.append(f"{i3}const {it} zkc = {kk} - zpc < {kc} ? {kk} - zpc : {kc};")
         # pack the right operand: micro-panel p holds columns zjc + p*nr .. +nr, k-major
-        lines.append(f"{i3}#pragma omp for schedule(static)")
+        if share:
+            lines.append(f"{i3}{share}")
         lines.append(f"{i3}for ({it} zp = 0; zp < znp; zp++) {{")
         i4 = i3 + "  "
         lines.append(f"{i4}{rt} *zb = zpk + zp * {kc * nr};")
@@ -702,7 +715,8 @@ class CRenderer(CStyleRenderer):
         lines.append(f"{i3}}}")
         # the tiles of the panel, row tiles outer (a thread keeps its rows of the left operand while it sweeps)
         nt = -(-m // mr)
-        lines.append(f"{i3}#pragma omp for schedule(static)")
+        if share:
+            lines.append(f"{i3}{share}")
         lines.append(f"{i3}for ({it} zt = 0; zt < {nt} * znp; zt++) {{")
         lines.append(f"{i4}const {it} zi0 = (zt / znp) * {mr}, zp = zt % znp;")
         lines.append(f"{i4}const {rt} *zb = zpk + zp * {kc * nr};")
@@ -778,8 +792,11 @@ class CRenderer(CStyleRenderer):
         for _ in batch:
             i1 = i1[:-2]
             lines.append(f"{i1}}}")
+        if g.per_batch:
+            lines.append(f"{i1}free(zpk);")
         lines.append(f"{ind}}}")
-        lines.append(f"{ind}free(zpk);")
+        if not g.per_batch:
+            lines.append(f"{ind}free(zpk);")
         return lines
 
     def pragmas(self, loop: Loop, reds: list[tuple[str, str]]) -> list[str]:
