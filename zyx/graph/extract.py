@@ -105,8 +105,10 @@ def _srcs(c: Class, choice: dict[int, Node]) -> tuple[Class, ...]:
     return (n if n is not None else c.nodes[0]).srcs
 
 
-def needed(outputs: list[Class], choice: dict[int, Node]) -> list[Class]:
-    """Classes reachable from ``outputs`` through the chosen nodes, sources first (leaves excluded)."""
+def needed(outputs: list[Class], choice: dict[int, Node], stop: Mapping[int, Class] | None = None) -> list[Class]:
+    """Classes reachable from ``outputs`` through the chosen nodes, sources first (leaves excluded), not entering
+    the classes ``stop`` holds (by id)."""
+    stop = stop or {}
     order: list[Class] = []
     seen: set[int] = set()
     for out in outputs:
@@ -116,7 +118,7 @@ def needed(outputs: list[Class], choice: dict[int, Node]) -> list[Class]:
             if done:
                 order.append(c)
                 continue
-            if id(c) in seen or c.realized or c.op is Ops.VAR:
+            if id(c) in seen or c.realized or c.op is Ops.VAR or id(c) in stop:
                 continue
             seen.add(id(c))
             stack.append((c, True))

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from zyx.backends.autotune import steady_ns
 from zyx.backends.base import LibraryKernel
+from zyx.graph.extract import needed
 from zyx.graph.match import Matmul
 from zyx.graph.node import Buffer, Class, leaf, make
 from zyx.ops import ELEMENTWISE, MOVEMENT, Ops
@@ -104,20 +105,7 @@ def _fused_into_reader(base: Class) -> bool:
 
 def _computed(root: Class, stop: Mapping[int, Class]) -> list[Class]:
     """The unrealized classes ``root`` is computed from (itself last), sources first, not entering ``stop``."""
-    out: list[Class] = []
-    seen: set[int] = set()
-    stack: list[tuple[Class, bool]] = [(root, False)]
-    while stack:
-        c, done = stack.pop()
-        if done:
-            out.append(c)
-            continue
-        if id(c) in seen or id(c) in stop or c.realized or not c.nodes:
-            continue
-        seen.add(id(c))
-        stack.append((c, True))
-        stack.extend((s, False) for s in reversed(c.nodes[0].srcs))
-    return out
+    return needed([root], {}, stop)
 
 
 def _clone(inner: list[Class], subst: dict[int, Class]) -> Class:
