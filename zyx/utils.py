@@ -74,19 +74,17 @@ def deep_call(fn, *args, **kwargs):
     """
     import queue
     import threading
+    from concurrent.futures import Future
 
     if getattr(_deep_local, "inside", False):
         return fn(*args, **kwargs)
-    requests: queue.SimpleQueue = queue.SimpleQueue()
-    done = object()
+    requests: queue.SimpleQueue = queue.SimpleQueue()  # (call, its future); call None: fn's own outcome
+    outcome: Future = Future()
 
     def target() -> None:
         _deep_local.inside, _deep_local.caller = True, requests
-        try:
-            outcome = (True, fn(*args, **kwargs))
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller
-            outcome = (False, e)
-        requests.put((done, outcome))
+        _settle(outcome, lambda: fn(*args, **kwargs))
+        requests.put((None, outcome))
 
     if sys.getrecursionlimit() < 1_000_000:
         sys.setrecursionlimit(1_000_000)
@@ -98,35 +96,20 @@ def deep_call(fn, *args, **kwargs):
     finally:
         threading.stack_size(old)
     while True:
-        call, reply = requests.get()
-        if call is done:
+        call, future = requests.get()
+        if call is None:
             break
-        _serve(call, reply)
+        _settle(future, call)
     t.join()
-    ok, value = reply
-    if not ok:
-        raise value
-    return value
+    return outcome.result()
 
 
-def _serve(call, reply) -> None:
-    """Run an ``on_caller_thread`` request and hand back its outcome."""
+def _settle(future, call) -> None:
+    """``future`` holds what ``call()`` returned or raised."""
     try:
-        reply.append((True, call()))
-    except BaseException as e:  # noqa: BLE001 - re-raised in the requesting thread
-        reply.append((False, e))
-    reply.ready.release()
-
-
-class _Reply(list):
-    """One request's outcome slot and the lock its requester waits on."""
-
-    def __init__(self) -> None:
-        import threading
-
-        super().__init__()
-        self.ready = threading.Lock()
-        self.ready.acquire()
+        future.set_result(call())
+    except BaseException as e:  # noqa: BLE001 - re-raised by whoever waits on the future
+        future.set_exception(e)
 
 
 def on_caller_thread(fn):
@@ -134,13 +117,11 @@ def on_caller_thread(fn):
     an OpenMP kernel timed on a second thread runs beside the caller's idle thread team, and libgomp then
     throttles its spin-waits (more threads than cores), so barriers sleep: a batched GEMM timed 7 ms there ran
     3.5 ms where kernels really launch."""
+    from concurrent.futures import Future
+
     requests = getattr(_deep_local, "caller", None)
     if requests is None:
         return fn()
-    reply = _Reply()
-    requests.put((fn, reply))
-    reply.ready.acquire()
-    ok, value = reply[0]
-    if not ok:
-        raise value
-    return value
+    future: Future = Future()
+    requests.put((fn, future))
+    return future.result()
