@@ -89,3 +89,23 @@ def test_a_product_with_one_is_the_other_operand():
     one = g.const(1.0, (2, 3), x.dtype, x.device)
     assert g.binary(Ops.MUL, x, one) is x and g.binary(Ops.MUL, one, x) is x
     assert g.binary(Ops.MUL, x, g.const(2.0, (2, 3), x.dtype, x.device)) is not x
+
+
+def test_broadcast_left_operand_gives_the_right_one_its_gradient_in_its_own_layout():
+    """``w @ x`` with ``w`` broadcast over ``x``'s batch (a convolution's weight over its columns): ``x.grad`` is
+    ``w^T @ grad`` computed in ``x``'s (k, n) layout, not the (n, k) transpose the composite path reduced into
+    (a convolution's col2im then read it ``k`` floats apart)."""
+    from zyx.ops import Ops
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((6, 5)).astype(np.float32)
+    x = rng.standard_normal((3, 5, 7)).astype(np.float32)
+    g = rng.standard_normal((3, 6, 7)).astype(np.float32)
+    W, X = zyx.Tensor(w, requires_grad=True), zyx.Tensor(x, requires_grad=True)
+    ((W @ X) * zyx.Tensor(g)).sum().backward()
+    c = X.grad.cls
+    while c.op is Ops.RESHAPE:
+        c = c.nodes[0].srcs[0]
+    assert c.op is Ops.REDUCE, c
+    np.testing.assert_allclose(X.grad.numpy(), np.einsum("mk,bmn->bkn", w, g), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(W.grad.numpy(), np.einsum("bmn,bkn->mk", g, x), rtol=1e-5, atol=1e-5)

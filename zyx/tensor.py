@@ -1526,8 +1526,13 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     batch = broadcast_shapes(x.shape[:-2], y.shape[:-2])
     m, k, n = x.shape[-2], x.shape[-1], y.shape[-1]
     acc = dtypes.float32 if d in (dtypes.float16, dtypes.bfloat16) else (dtypes.int64 if d.kind == "b" else d)
-    if acc.is_float and x.dtype is acc and y.dtype is acc and x.shape[:-2] == batch == y.shape[:-2]:
-        out = F.MatMul.apply(x, y)  # the same graph as below, as one autograd node
+    if acc.is_float and x.dtype is acc and y.dtype is acc and y.shape[:-2] == batch:
+        # the same graph as below, as one autograd node. A left operand broadcast over the batch (a convolution's
+        # weight) is expanded first: the right operand's gradient is then x^T @ grad in its own layout (k, n), not
+        # the (n, k) transpose the composite path reduces into (a convolution's col2im read it 288 floats apart)
+        if x.shape[:-2] != batch:
+            x = x._broadcast_to(batch + (m, k))
+        out = F.MatMul.apply(x, y)
     else:
         x = x.cast(acc)._broadcast_to(batch + (m, k)) if x.shape[:-2] != batch else x.cast(acc)
         y = y.cast(acc)._broadcast_to(batch + (k, n)) if y.shape[:-2] != batch else y.cast(acc)
