@@ -703,8 +703,7 @@ def tile_gemm(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Kern
     """Mark a contraction (``gemm_contraction``) for register tiling (``Kernel.gemm``); ``params``
     ``gemm_mr`` / ``gemm_nr`` / ``gemm_nc`` / ``gemm_kc`` override the heuristic (any positive values compute the
     same result; ``nc`` is rounded to a multiple of ``nr``), and ``gemm_batch`` (0 or 1: ``GemmTile.per_batch``).
-    Other kernels are returned unchanged. Call it after
-    ``widen_accumulators`` (the plan depends on ``wide_acc``)."""
+    Other kernels are returned unchanged. Call it after ``widen_accumulators`` (the plan depends on ``wide_acc``)."""
     c = gemm_contraction(k)
     if c is None:
         return k
