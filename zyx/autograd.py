@@ -11,8 +11,10 @@ Invariants:
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import threading
+from collections.abc import Sequence
 
 from zyx import dtypes
 from zyx.graph import ops as g
@@ -620,57 +622,91 @@ def overlap_add_graph(x: Class, axis: int, stride: int, dilation: int, n: int) -
 
 
 def _overlap_add_phased(x: Class, axis: int, stride: int, dilation: int, n: int) -> Class:
-    """``overlap_add_graph`` for ``stride > 1`` by phases: output ``t = stride * m + r`` receives ``x[m + c, j]``
-    from exactly the taps ``j`` with ``(r - j * dilation) % stride == 0`` (``c = (r - j * dilation) / stride``),
-    so each phase is a sum of shifted slices (pads, no division), computed by its own kernel (only its taps, read
-    contiguously; fused into the interleave, every output would evaluate every phase's gated taps), and the phases
-    interleave by one reshape. (A gather by ``(t - j * dilation) / stride`` costs a floor division and a remainder
-    per tap; zero-interleaving each tap by reshapes divides by every extent.)"""
-    o, k = x.shape[axis], x.shape[axis + 1]
-    s, d = stride, dilation
-    m = -(-n // s)
-    rest = x.shape[:axis] + x.shape[axis + 2:]
-    phase_shape = rest[:axis] + (m,) + rest[axis:]
+    return overlap_add_nd(x, ((axis, axis + 1),), (stride,), (dilation,), (n,))
+
+
+def overlap_add_nd(x: Class, axes: Sequence[tuple[int, int]], strides: Sequence[int], dilations: Sequence[int],
+                   sizes: Sequence[int]) -> Class:
+    """``overlap_add_graph`` over several axes at once, by phases. ``axes`` pairs a position axis of ``x`` (extent
+    ``o``) with its kernel axis (extent ``k``, anywhere in ``x``); the result drops the kernel axes and gives each
+    position axis extent ``n``. Along one axis, output ``t = stride * m + r`` receives ``x[m + c, j]`` from exactly
+    the taps ``j`` with ``(r - j * dilation) % stride == 0`` (``c = (r - j * dilation) / stride``), so each phase
+    (one ``r`` per axis) is a sum of shifted slices (pads, no division), computed by its own kernel (only its
+    taps, read along ``x``'s own layout; fused into the interleave, every output would evaluate every phase's
+    gated taps), and the phases interleave by one reshape per axis. All axes in one pass: a transposed
+    convolution's col2im reads its columns once and stores one interleave, where one axis at a time stored and
+    re-read every axis's phases. (A gather by ``(t - j * dilation) / stride`` costs a floor division and a
+    remainder per tap; zero-interleaving each tap by reshapes divides by every extent.)"""
+    kernel_axes = {k for _, k in axes}
+    keep = [i for i in range(len(x.shape)) if i not in kernel_axes]  # x's axes that the result keeps, in order
+    out_at = {a: keep.index(a) for a, _ in axes}
+    ms = [-(-n // s) for n, s in zip(sizes, strides)]
+    phase_shape = list(x.shape[i] for i in keep)
+    for (a, _), m in zip(axes, ms):
+        phase_shape[out_at[a]] = m
     phases = []
-    for r in range(s):
+    for rs in itertools.product(*(range(s) for s in strides)):
+        taps_per_axis = [[j for j in range(x.shape[k]) if (r - j * d) % s == 0]
+                         for (_, k), r, s, d in zip(axes, rs, strides, dilations)]
         total = None
-        for j in range(k):
-            if (r - j * d) % s:
-                continue
-            c = (r - j * d) // s  # phase element mm reads x[mm + c]
-            lo, hi = max(0, c), min(o, m + c)  # the x rows that land inside [0, m)
-            if lo >= hi:
-                continue
-            pick = tuple((j, j + 1, 1) if i == axis + 1 else (lo, hi, 1) if i == axis else (0, sz, 1)
-                         for i, sz in enumerate(x.shape))
-            xj = g.reshape(g.shrink(x, pick), rest[:axis] + (hi - lo,) + rest[axis:])
-            pads = [(0, 0)] * len(phase_shape)
-            pads[axis] = (lo - c, m - (hi - c))
-            placed = g.pad(xj, tuple(pads))
-            total = placed if total is None else g.binary(Ops.ADD, total, placed)
-        phases.append(g.const(0, phase_shape, x.dtype, x.device) if total is None else g.contiguous(total))
-    inter = phase_shape[:axis + 1] + (1,) + phase_shape[axis + 1:]  # (..., m, 1, ...), then the phase axis
-    y = None
-    for r, ph in enumerate(phases):
-        pads = [(0, 0)] * len(inter)
-        pads[axis + 1] = (r, s - 1 - r)
-        placed = g.pad(g.reshape(ph, inter), tuple(pads))
-        y = placed if y is None else g.binary(Ops.ADD, y, placed)
-    y = g.reshape(y, phase_shape[:axis] + (m * s,) + phase_shape[axis + 1:])
-    return g.shrink(y, tuple((0, n, 1) if i == axis else (0, sz, 1) for i, sz in enumerate(y.shape)))
+        for js in itertools.product(*taps_per_axis):
+            pick = [(0, sz, 1) for sz in x.shape]
+            pads = [(0, 0)] * len(keep)
+            for (a, k), j, r, s, d, m in zip(axes, js, rs, strides, dilations, ms):
+                c = (r - j * d) // s  # phase element mm reads x[mm + c]
+                lo, hi = max(0, c), min(x.shape[a], m + c)  # the x rows that land inside [0, m)
+                if lo >= hi:
+                    break
+                pick[k], pick[a] = (j, j + 1, 1), (lo, hi, 1)
+                pads[out_at[a]] = (lo - c, m - (hi - c))
+            else:
+                xj = g.shrink(x, tuple(pick))
+                xj = g.reshape(xj, tuple(xj.shape[i] for i in keep))
+                placed = g.pad(xj, tuple(pads))
+                total = placed if total is None else g.binary(Ops.ADD, total, placed)
+        phases.append(g.const(0, tuple(phase_shape), x.dtype, x.device) if total is None else total)
+    if len(phases) == 1:
+        y = phases[0]
+    else:  # each phase axis m gets a unit axis after it, padded to the stride: (..., m, s, ...) -> (..., m * s)
+        inter = []
+        for i, sz in enumerate(phase_shape):
+            inter += [sz, 1] if i in out_at.values() else [sz]
+        y = None
+        for rs, ph in zip(itertools.product(*(range(s) for s in strides)), phases):
+            pads = [(0, 0)] * len(inter)
+            for (a, _), r, s in zip(axes, rs, strides):
+                pads[out_at[a] + sorted(out_at.values()).index(out_at[a]) + 1] = (r, s - 1 - r)
+            placed = g.pad(g.reshape(g.contiguous(ph), tuple(inter)), tuple(pads))
+            y = placed if y is None else g.binary(Ops.ADD, y, placed)
+        merged = list(phase_shape)
+        for (a, _), m, s in zip(axes, ms, strides):
+            merged[out_at[a]] = m * s
+        y = g.reshape(y, tuple(merged))
+    crop = [(0, sz, 1) for sz in y.shape]
+    for (a, _), n in zip(axes, sizes):
+        crop[out_at[a]] = (0, n, 1)
+    return g.shrink(y, tuple(crop))
 
 
 class OverlapAdd(Function):
-    """Windows' adjoint as a differentiable op (a transposed convolution's col2im); its gradient is the windows of
-    the gradient."""
+    """Windows' adjoint as a differentiable op (a transposed convolution's col2im) over the (position axis, kernel
+    axis) pairs ``axes`` (``overlap_add_nd``); its gradient is the windows of the gradient."""
 
-    def forward(self, x, axis=0, stride=1, dilation=1):
-        self.axis, self.kernel, self.stride, self.dilation = axis, x.shape[axis + 1], stride, dilation
-        return overlap_add_graph(x, axis, stride, dilation,
-                                 (x.shape[axis] - 1) * stride + dilation * (self.kernel - 1) + 1)
+    def forward(self, x, axes=((0, 1),), strides=(1,), dilations=(1,)):
+        self.axes, self.strides, self.dilations = tuple(axes), tuple(strides), tuple(dilations)
+        self.x_shape = x.shape
+        sizes = tuple((x.shape[a] - 1) * s + d * (x.shape[k] - 1) + 1
+                      for (a, k), s, d in zip(axes, strides, dilations))
+        return overlap_add_nd(x, self.axes, self.strides, self.dilations, sizes)
 
     def backward(self, grad):
-        return (windows_graph(grad, self.axis, self.kernel, self.stride, self.dilation),)
+        kernel_axes = {k for _, k in self.axes}
+        labels = [i for i in range(len(self.x_shape)) if i not in kernel_axes]  # x's axis at each grad axis
+        for (a, k), s, d in sorted(zip(self.axes, self.strides, self.dilations), key=lambda t: -t[0][0]):
+            at = labels.index(a)  # the last position axis first: the earlier ones keep their places
+            grad = windows_graph(grad, at, self.x_shape[k], s, d)
+            labels.insert(at + 1, k)
+        return (g.permute(grad, tuple(labels.index(i) for i in range(len(labels)))),)
 
 
 class FirstMax(Function):

@@ -29,7 +29,8 @@ from fuzz_programs import compare, programs, run_zyx  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-PASSES = ("column_block", "block_vector_reduce", "stash_row_values", "split_divmod_loops", "unroll_reduce",
+PASSES = ("column_block", "block_vector_reduce", "stash_row_values", "split_divmod_loops", "unroll_divmod_loops",
+          "unroll_reduce",
           "upcast_rows", "transpose")
 HOST2 = DeviceInfo("host", "host", compute_units=2)
 
@@ -443,3 +444,59 @@ def test_upcast_rows_share_one_loop(rows, monkeypatch):
         np.testing.assert_allclose(got[0], x.astype(np.float64).sum(1), rtol=1e-6, atol=3e-5)
         c = x.astype(np.float64) - x.astype(np.float64).mean(1, keepdims=True)
         np.testing.assert_allclose(got[1], (c * c).sum(1), rtol=1e-5)
+
+
+# ---- interleaved phases ------------------------------------------------------------------------------------------
+
+
+def _divmods(k: Kernel) -> int:
+    return sum(e.op in (Ops.DIV, Ops.MOD) for e in ir.toposort(opt._all_roots(k)))
+
+
+_PHASE_CASES = {
+    # a stride-2 transposed convolution's col2im interleaves its 2x2 phases: (t + 1) // 2 and (t + 1) % 2 per axis
+    "conv_transpose2d s2 p1": (lambda x, w: zyx.nn.functional.conv_transpose2d(x, w, stride=2, padding=1), 4),
+    # nearest 2x upsampling of both axes: t // 2
+    "upsample 2x": (lambda x, w: x[:, :, :, None, :, None].expand(2, 3, 6, 2, 8, 2).reshape(2, 3, 12, 16), 4),
+    # pixel shuffle by 2: t // 2 and t % 2 of a permuted reshape
+    "pixel shuffle": (lambda x, w: x.reshape(2, 3, 1, 1, 6, 8).expand(2, 3, 2, 2, 6, 8).permute(0, 1, 4, 2, 5, 3)
+                      .reshape(2, 3, 12, 16) * 2.0, 4),
+}
+
+
+@pytest.mark.parametrize("name", list(_PHASE_CASES))
+def test_interleaved_phases_unroll(name):
+    """``unroll_divmod_loops``: an interleave of phases loses every division and remainder, one copy of the stores
+    per phase (2 x 2 here); the outputs equal the pass-off ones bit for bit (the same expressions, folded)."""
+    rng = np.random.default_rng(7)
+    X = zyx.Tensor(rng.standard_normal((2, 3, 6, 8)).astype(np.float32)).realize()
+    W = zyx.Tensor(rng.standard_normal((3, 4, 4, 4)).astype(np.float32)).realize()
+    build, copies = _PHASE_CASES[name]
+
+    def fn():
+        return build(X, W).numpy()
+
+    phased = [k for k in _kernels(fn) if _divmods(opt.merge_loops(opt.drop_unit_loops(k)))]
+    assert phased, "no kernel divides its loop indices"
+    for k in phased:
+        ko = opt.optimize(k, HOST2)
+        assert _divmods(ko) == 0
+        assert len(ko.stores) == copies * len(k.stores)
+    on, off = _run(fn), _run(fn, ("unroll_divmod_loops",))
+    np.testing.assert_array_equal(on[0], off[0])
+    if name == "upsample 2x":
+        np.testing.assert_array_equal(on[0], X.numpy().repeat(2, 2).repeat(2, 3))
+
+
+def test_unroll_divmod_leaves_ragged_and_reducing_loops():
+    """A loop whose extent the divisor does not split evenly, or a kernel with a reduce, keeps its divisions."""
+    i, j = ir.range_(0, 7), ir.range_(1, 4)
+    x = ir.load(1, dtypes.float32, ir.idiv(i + 1, 2) * 4 + j)
+    ragged = Kernel("k", (Param("p0", dtypes.float32, "out", 28), Param("p1", dtypes.float32, "in", 16)), (i, j),
+                    (Store(0, i * 4 + j, x),))
+    assert opt.unroll_divmod_loops(ragged) is ragged
+    r = ir.range_(2, 6)
+    red = ir.reduce(Ops.ADD, ir.load(1, dtypes.float32, ir.idiv(r + 1, 2) * 4 + j), (r,))
+    summed = Kernel("k", (Param("p0", dtypes.float32, "out", 4), Param("p1", dtypes.float32, "in", 16)), (j,),
+                    (Store(0, j, red),))
+    assert opt.unroll_divmod_loops(summed) is summed

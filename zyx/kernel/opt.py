@@ -4,6 +4,8 @@
 - ``merge_loops``: adjacent output loops merge when every index stays affine in the merged range
   (no ``//`` or ``%`` of it survives simplification), so contiguous work runs as one long loop.
 - ``split_divmod_loops``: an output loop indexed through ``r // c`` and ``r % c`` splits into two loops.
+- ``unroll_divmod_loops``: an elementwise loop indexed through ``(r + b) // c`` and ``% c`` for a short ``c`` (phases
+  of an interleave) is unrolled by ``c``: one copy of the stores per phase, its divisions folded.
 - ``tile_transpose``: a kernel whose contiguous stores read a load across lines (transpose, permute) runs in
   square blocks of the two loops, so the lines it reads stay cached; disabled by name ``"transpose"``.
 - ``parallelize`` / ``vectorize``: mark the outer loop(s) parallel and the innermost loop vectorizable,
@@ -129,6 +131,52 @@ def split_divmod_loops(k: Kernel) -> Kernel:
             break
         if done:
             break
+    return k
+
+
+UNROLL_DIVMOD_COPIES = 8  # most copies of an elementwise loop body ``unroll_divmod_loops`` makes (2x2x2: 3-D phases)
+
+
+def _phase_divisors(k: Kernel, r: Expr) -> dict[int, int]:
+    """Constant divisors ``c`` of the integer divisions and remainders that see output loop ``r`` with coefficient
+    1 (``(r + b) // c``, ``(r + b) % c``), with how many such nodes each has."""
+    cs: dict[int, int] = {}
+    for e in ir.toposort(_all_roots(k)):
+        if e.op in (Ops.DIV, Ops.MOD) and e.dtype.is_int and e.srcs[1].op is Ops.CONST and \
+                r in e.srcs[0].ranges and ir.affine_coefficient(e.srcs[0], r) == 1:
+            cs[e.srcs[1].arg] = cs.get(e.srcs[1].arg, 0) + 1
+    return cs
+
+
+def unroll_divmod_loops(k: Kernel) -> Kernel:
+    """Unroll an output loop ``r`` whose index reaches the loads as ``(r + b) // c`` and ``(r + b) % c`` for a short
+    ``c`` (the phases of an interleave: a strided transposed convolution's col2im, pixel shuffle, upsampling):
+    ``r = c * a + u`` for each constant ``u``, so the division and the remainder fold, the gates that picked one
+    phase per output are decided, and each of the ``c`` copies of the stores loads its own phase, contiguously
+    along ``a``. Elementwise kernels only (no reduce, scan or stash), innermost loops first, at most
+    ``UNROLL_DIVMOD_COPIES`` copies in all; a loop is left alone unless unrolling removes its divisions by ``c``."""
+    if k.then or k.gemm is not None or k.vector_acc is not None or k.reduces() or k.scan_ranges() or \
+            any(e.op in (Ops.STASH, Ops.LOCAL) for e in ir.toposort(_all_roots(k))):
+        return k
+    copies = 1
+    for r in reversed(k.loops):
+        cs = {c: n for c, n in _phase_divisors(k, r).items() if 1 < c <= UNROLL_DIVMOD_COPIES // copies}
+        if not cs:
+            continue
+        c = max(cs, key=lambda x: (cs[x], x))
+        if r.arg[1] % c or r.arg[1] // c < 2:
+            continue
+        a = ir.range_(max(x.arg[0] for x in _every_range(k)) + 1, r.arg[1] // c)
+        stores = []
+        for u in range(c):
+            memo: dict = {}
+            at = {r: a * c + u}
+            stores.extend(Store(s.param, ir.substitute(s.index, at, memo), ir.substitute(s.value, at, memo))
+                          for s in k.stores)
+        cand = replace(k, loops=tuple(a if x is r else x for x in k.loops), stores=tuple(stores))
+        if c in _phase_divisors(cand, a):
+            continue
+        k, copies = cand, copies * c
     return k
 
 
@@ -726,7 +774,7 @@ def tile_gemm(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Kern
 
 # the optional host passes, by the names DISABLED takes
 PASS_NAMES = frozenset({"gemm", "column_block", "block_vector_reduce", "stash_row_values", "split_divmod_loops",
-                        "unroll_reduce", "upcast_rows", "transpose"})
+                        "unroll_divmod_loops", "unroll_reduce", "upcast_rows", "transpose"})
 DISABLED: set[str] = set()  # names of optional host passes switched off (tests compare outputs with and without)
 
 
@@ -764,6 +812,8 @@ def optimize(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Kerne
         part = merge_loops(drop_unit_loops(part))
         if "split_divmod_loops" not in DISABLED:
             part = split_divmod_loops(part)
+        if "unroll_divmod_loops" not in DISABLED:
+            part = unroll_divmod_loops(part)
         if "gemm" not in DISABLED:
             tiled = tile_gemm(widen_accumulators(part), info, p)
             if tiled.gemm is not None:

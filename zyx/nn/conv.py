@@ -140,10 +140,9 @@ def _conv_transpose(x: Tensor, weight: Tensor, bias: Tensor | None, stride, padd
     # position's contribution to each kernel offset (a GEMM); overlap-adding them (col2im: the adjoint of the
     # windows) places them in the output, as the input gradient of a convolution does
     cols = weight.reshape(1, g, cg, og * k).transpose(-1, -2) @ x.reshape(n, g, cg, math.prod(spatial))
-    y = cols.reshape((n, g * og) + kernel + spatial)
-    y = y.permute(0, 1, *[a for i in range(nd) for a in (2 + nd + i, 2 + i)])  # (n, o, l_1, k_1, ..., l_n, k_n)
-    for i, (s, d) in enumerate(zip(stride, dilation)):
-        y = AG.OverlapAdd.apply(y, axis=2 + i, stride=s, dilation=d)
+    y = cols.reshape((n, g * og) + kernel + spatial)  # (n, o, k_1, ..., k_nd, l_1, ..., l_nd)
+    y = AG.OverlapAdd.apply(y, axes=tuple((2 + nd + i, 2 + i) for i in range(nd)), strides=stride,
+                            dilations=dilation)
     full = y.shape[2:]
     out = tuple(f - 2 * p + op for f, p, op in zip(full, padding, output_padding))
     if any(o < 1 for o in out):
