@@ -10,6 +10,7 @@ import math
 import os
 import sys
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -30,8 +31,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 PASSES = ("column_block", "block_vector_reduce", "stash_row_values", "split_divmod_loops", "unroll_divmod_loops",
-          "unroll_reduce",
-          "upcast_rows", "transpose")
+          "unroll_reduce", "upcast_rows", "transpose", "prefetch")
 HOST2 = DeviceInfo("host", "host", compute_units=2)
 
 
@@ -258,6 +258,9 @@ def eager_passes(monkeypatch):
     monkeypatch.setattr(opt, "REDUCE_LANES", 4)
     monkeypatch.setattr(opt, "UPCAST_ROWS", 2)  # two rows of two lanes
     monkeypatch.setattr(opt, "UPCAST_MIN_LANES", 1)
+    monkeypatch.setattr(opt, "PREFETCH_MIN_INPUT", 0)
+    monkeypatch.setattr(opt, "PREFETCH_MIN_BYTES", 4)
+    monkeypatch.setattr(opt, "PREFETCH_MIN_LOADS", 2)
     monkeypatch.setattr(CRenderer, "sum_block", 8)
     monkeypatch.setattr(CRenderer, "lane_depth", 2)  # several blocks of lanes per row
 
@@ -500,3 +503,58 @@ def test_unroll_divmod_leaves_ragged_and_reducing_loops():
     summed = Kernel("k", (Param("p0", dtypes.float32, "out", 4), Param("p1", dtypes.float32, "in", 16)), (j,),
                     (Store(0, j, red),))
     assert opt.unroll_divmod_loops(summed) is summed
+
+
+# ---- prefetch ----------------------------------------------------------------------------------------------------
+
+
+def _conv_input_grad(n=8, c=16, hw=16):
+    rng = np.random.default_rng(5)
+    X = zyx.Tensor(rng.standard_normal((n, c, hw, hw)).astype(np.float32), requires_grad=True)
+    W = zyx.Tensor(rng.standard_normal((c, c, 3, 3)).astype(np.float32)).realize()
+    G = zyx.Tensor(rng.standard_normal((n, c, hw, hw)).astype(np.float32)).realize()
+
+    def fn():
+        X.grad = None
+        (zyx.nn.functional.conv2d(X, W, padding=1) * G).sum().backward()
+        return X.grad.numpy()
+    return fn
+
+
+def test_col2im_prefetches_the_next_channels_columns(monkeypatch):
+    """``prefetch_blocks``: a 3x3 convolution's input gradient overlap-adds 9 taps of its columns (n, c, 9, h*w):
+    each output channel reads one block of 9 * h * w floats as 9 short streams, and the next channel's block is
+    prefetched (rendered at the top of the parallel loop); a long row sum, one stream, is left to the hardware."""
+    monkeypatch.setattr(opt, "PREFETCH_MIN_INPUT", 0)
+    fn = _conv_input_grad()
+    col2im = [ko for ko in (opt.optimize(k, HOST2) for k in _kernels(fn)) if ko.prefetch]
+    assert len(col2im) == 1
+    (f,) = col2im[0].prefetch
+    assert f.loop is col2im[0].loops[0] and f.stride == 9 * 16 * 16 and f.length <= f.stride
+    src = CRenderer().render(col2im[0])
+    assert src.count(f"__builtin_prefetch(p{f.param} + zq") == 1
+    X = zyx.Tensor(np.ones((64, 4096), np.float32)).realize()
+    assert not any(opt.optimize(k, HOST2).prefetch for k in _kernels(lambda: X.sum(1).numpy()))
+    on, off = _run(fn), _run(fn, ("prefetch",))
+    np.testing.assert_array_equal(on[0], off[0])
+
+
+def test_prefetch_needs_one_stride_and_a_dense_block(monkeypatch):
+    """Loads that advance by different strides per iteration, or read a block far wider than the stride (not read
+    once each), get no prefetch; small inputs get none by default."""
+    monkeypatch.setattr(opt, "PREFETCH_MIN_INPUT", 0)
+    r, j = ir.range_(0, 64), ir.range_(1, 256)
+    p = (Param("p0", dtypes.float32, "out", 64 * 256), Param("p1", dtypes.float32, "in", 64 * 768))
+
+    def kernel(*indices):
+        v = ir.load(1, dtypes.float32, indices[0])
+        for i in indices[1:]:
+            v = ir.alu(Ops.ADD, v, ir.load(1, dtypes.float32, i))
+        return replace(Kernel("k", p, (r, j), (Store(0, r * 256 + j, v),)), parallel=1)
+
+    dense = kernel(r * 768 + j, r * 768 + j + 256, r * 768 + j + 512)
+    assert opt.prefetch_blocks(dense).prefetch == (ir.Prefetch(1, r, 768, 0, 768),)
+    assert not opt.prefetch_blocks(kernel(r * 768 + j, r * 512 + j + 256, r * 768 + j + 512)).prefetch
+    assert not opt.prefetch_blocks(kernel(r * 256 + j, r * 256 + j + 2048, r * 256 + j + 4096)).prefetch
+    monkeypatch.undo()
+    assert not opt.prefetch_blocks(dense).prefetch  # 192 KiB: below the default smallest input

@@ -601,6 +601,19 @@ class Store:
 
 
 @dataclass(frozen=True)
+class Prefetch:
+    """A software prefetch, at the top of each iteration of output loop ``loop``, of the block of input ``param``
+    that the next iteration reads: elements ``stride * (r + 1) + offset`` up to ``length`` further (clipped to the
+    buffer; ``opt.prefetch_blocks``)."""
+
+    param: int
+    loop: Expr
+    stride: int
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True)
 class Kernel:
     """One launch: loops (outer first) over which every store runs, and the stores.
 
@@ -626,6 +639,7 @@ class Kernel:
     vector_acc: Expr | None = None  # the tile range a reduce keeps one accumulator per (``interchange_reduce``)
     vector_block: tuple[int, int] | None = None  # (row block, register tile) of a column sum (``block_vector_reduce``)
     gemm: GemmTile | None = None  # register tiles and packed panels of a contraction (``tile_gemm``)
+    prefetch: tuple[Prefetch, ...] = ()  # next iteration's input blocks fetched ahead (``prefetch_blocks``)
     then: tuple[Kernel, ...] = ()  # further loop nests over the same params, run after this one in one launch
     launch: Geometry | None = None
 

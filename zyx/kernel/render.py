@@ -529,9 +529,15 @@ class CRenderer(CStyleRenderer):
             lo, hi = bounds.get(loop, ("0", str(loop.range.arg[1])))
             lines.extend(ind + h for h in self.pragmas(loop, reds or []))
             lines.append(f"{ind}for ({self.index_type} {r} = {lo}; {r} < {hi}; {r}++) {{")
+            for f in prefetch.get(loop.range, ()):
+                lines.extend(ind + "  " + x for x in self.prefetch(f, k.params[f.param], r, hi))
             emit_block(loop.body, ind + "  ")
             lines.append(f"{ind}}}")
 
+        prefetch: dict[Expr, list[ir.Prefetch]] = {}
+        for part in (k, *k.then):
+            for f in part.prefetch:
+                prefetch.setdefault(f.loop, []).append(f)
         for i, p in enumerate(k.params):
             if p.kind == "var":
                 lines.append(f"  const {self.reg_type(p.dtype)} a{i} = *(const {self.reg_type(p.dtype)}*)args[{i}];")
@@ -798,6 +804,16 @@ class CRenderer(CStyleRenderer):
         if not g.per_batch:
             lines.append(f"{ind}free(zpk);")
         return lines
+
+    def prefetch(self, f: ir.Prefetch, p: ir.Param, r: str, hi: str) -> list[str]:
+        """Statements prefetching ``f``'s block for iteration ``r + 1`` (none after the last, ``hi``), a cache line
+        at a time, clipped to the buffer."""
+        it, line = self.index_type, max(64 // p.dtype.itemsize, 1)
+        return [f"if ({r} + 1 < {hi}) {{",
+                f"  const {it} zpf = ({r} + 1) * {f.stride}LL + {f.offset}LL;",
+                f"  for ({it} zq = zpf < 0 ? 0 : zpf; zq < zpf + {f.length}LL && zq < {p.size}LL; zq += {line})",
+                f"    __builtin_prefetch(p{f.param} + zq, 0, 3);",
+                "}"]
 
     def pragmas(self, loop: Loop, reds: list[tuple[str, str]]) -> list[str]:
         red = " ".join(f"reduction({o}:{v})" for o, v in reds)
