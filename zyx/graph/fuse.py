@@ -84,15 +84,25 @@ def _kernel_users(order: list[Class], stored: set[Class]) -> dict[int, set[int]]
     return out
 
 
-def _aliases(outputs: list[Class], stored: set[Class]) -> dict[int, Class]:
-    """Outputs that are a reshape (or contiguous) of a stored class share its buffer: no copy."""
+def _aliases(classes: list[Class], stored: set[Class]) -> dict[int, Class]:
+    """Stored classes (``classes`` in graph order) that are a reshape (or contiguous) of a stored or realized class
+    share its buffer, and stored reshapes of one value that is not stored share the first one's (the same elements
+    in the same order: a convolution's columns feed the forward GEMM and the weight gradient's in two shapes):
+    no copy, no second kernel."""
     out: dict[int, Class] = {}
-    for c in outputs:
+    first: dict[int, Class] = {}  # id(unstored value) -> the first stored reshape of it
+    for c in classes:
         src = c
         while not src.realized and src.op in (Ops.RESHAPE, Ops.CONTIGUOUS):
             src = src.srcs[0]
-        if src is not c and (src.realized or (src in stored and id(src) not in out)) and src.device == c.device:
+        if src is c or src.device != c.device:
+            continue
+        if src.realized or (src in stored and id(src) not in out):
             out[id(c)] = src
+        elif src not in stored:
+            holder = first.setdefault(id(src), c)
+            if holder is not c:
+                out[id(c)] = holder
     return out
 
 
@@ -173,7 +183,7 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
             log("sched", f"store {c!r}: needed by kernels of {len(users[id(c)])} roots")
             stored.add(c)
             continue
-        aliases = _aliases(outputs, stored)
+        aliases = _aliases([c for c in order if c in stored], stored)
         roots = [c for c in order if c in stored and c.numel and id(c) not in aliases and c.op is not Ops.COPY and
                  computed_by(c).op is not Ops.KERNEL]
         # stored, but cheap enough that other kernels recompute them rather than wait for them
