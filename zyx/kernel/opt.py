@@ -136,6 +136,19 @@ def split_divmod_loops(k: Kernel) -> Kernel:
     return k
 
 
+def _unrolled(k: Kernel, r: Expr, factor: int) -> tuple[Expr, tuple[Store, ...]]:
+    """Output loop ``r`` unrolled by ``factor`` (which divides it): a new range ``a`` of ``r / factor`` iterations
+    and ``k``'s stores once per ``u < factor`` with ``r = factor * a + u`` (simplified: constants fold)."""
+    a = ir.range_(max(x.arg[0] for x in _every_range(k)) + 1, r.arg[1] // factor)
+    stores: list[Store] = []
+    for u in range(factor):
+        memo: dict = {}
+        at = {r: a * factor + u}
+        stores.extend(Store(s.param, ir.substitute(s.index, at, memo), ir.substitute(s.value, at, memo))
+                      for s in k.stores)
+    return a, tuple(stores)
+
+
 UNROLL_DIVMOD_COPIES = 8  # most copies of an elementwise loop body ``unroll_divmod_loops`` makes (2x2x2: 3-D phases)
 
 
@@ -168,14 +181,8 @@ def unroll_divmod_loops(k: Kernel) -> Kernel:
         c = max(cs, key=lambda x: (cs[x], x))
         if r.arg[1] % c or r.arg[1] // c < 2:
             continue
-        a = ir.range_(max(x.arg[0] for x in _every_range(k)) + 1, r.arg[1] // c)
-        stores = []
-        for u in range(c):
-            memo: dict = {}
-            at = {r: a * c + u}
-            stores.extend(Store(s.param, ir.substitute(s.index, at, memo), ir.substitute(s.value, at, memo))
-                          for s in k.stores)
-        cand = replace(k, loops=tuple(a if x is r else x for x in k.loops), stores=tuple(stores))
+        a, stores = _unrolled(k, r, c)
+        cand = replace(k, loops=tuple(a if x is r else x for x in k.loops), stores=stores)
         if c in _phase_divisors(cand, a):
             continue
         k, copies = cand, copies * c
@@ -481,15 +488,8 @@ def upcast_rows(k: Kernel, rows: int | None = None) -> Kernel:
         if not any(x.op is Ops.LOAD and ir.affine_coefficient(x.srcs[0], rr) == 1
                    for x in ir.toposort([e.srcs[0]])):
             return k
-    outer = ir.range_(max(x.arg[0] for x in _every_range(k)) + 1, n // rows)
-    stores = []
-    for u in range(rows):
-        memo: dict = {}
-        at = {r: outer * rows + u}
-        stores.extend(Store(s.param, ir.substitute(s.index, at, memo), ir.substitute(s.value, at, memo))
-                      for s in k.stores)
-    return replace(k, loops=k.loops[:-1] + (outer,), stores=tuple(stores),
-                   reduce_lanes=lanes // rows, upcast_rows=rows)
+    outer, stores = _unrolled(k, r, rows)
+    return replace(k, loops=k.loops[:-1] + (outer,), stores=stores, reduce_lanes=lanes // rows, upcast_rows=rows)
 
 
 STASH_MIN_COST = 3  # loads + ALU ops (a transcendental counts 8) a recomputed row value must cost to be stashed
