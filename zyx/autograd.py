@@ -611,7 +611,7 @@ def overlap_add_graph(x: Class, axis: int, stride: int, dilation: int, n: int) -
     position ``i * stride + j * dilation`` (k strided placements, summed). With ``n = (o - 1) * stride +
     dilation * (kernel - 1) + 1`` the windows of the result have ``o`` positions again."""
     if stride > 1:
-        return _overlap_add_phased(x, axis, stride, dilation, n)
+        return overlap_add_nd(x, ((axis, axis + 1),), (stride,), (dilation,), (n,))
     shape, total = x.shape, None  # k placements, each a pad
     for j in range(shape[axis + 1]):
         pick = tuple((j, j + 1, 1) if i == axis + 1 else (0, s, 1) for i, s in enumerate(shape))
@@ -619,10 +619,6 @@ def overlap_add_graph(x: Class, axis: int, stride: int, dilation: int, n: int) -
         placed = _unshrink_axis(xj, axis, j * dilation, stride, n)
         total = placed if total is None else g.binary(Ops.ADD, total, placed)
     return total
-
-
-def _overlap_add_phased(x: Class, axis: int, stride: int, dilation: int, n: int) -> Class:
-    return overlap_add_nd(x, ((axis, axis + 1),), (stride,), (dilation,), (n,))
 
 
 def overlap_add_nd(x: Class, axes: Sequence[tuple[int, int]], strides: Sequence[int], dilations: Sequence[int],
@@ -644,8 +640,9 @@ def overlap_add_nd(x: Class, axes: Sequence[tuple[int, int]], strides: Sequence[
     phase_shape = list(x.shape[i] for i in keep)
     for (a, _), m in zip(axes, ms):
         phase_shape[out_at[a]] = m
+    residues = list(itertools.product(*(range(s) for s in strides)))  # one phase per tuple
     phases = []
-    for rs in itertools.product(*(range(s) for s in strides)):
+    for rs in residues:
         taps_per_axis = [[j for j in range(x.shape[k]) if (r - j * d) % s == 0]
                          for (_, k), r, s, d in zip(axes, rs, strides, dilations)]
         total = None
@@ -668,14 +665,17 @@ def overlap_add_nd(x: Class, axes: Sequence[tuple[int, int]], strides: Sequence[
     if len(phases) == 1:
         y = phases[0]
     else:  # each phase axis m gets a unit axis after it, padded to the stride: (..., m, s, ...) -> (..., m * s)
-        inter = []
+        inter, unit_at = [], {}
         for i, sz in enumerate(phase_shape):
-            inter += [sz, 1] if i in out_at.values() else [sz]
+            inter.append(sz)
+            if i in out_at.values():
+                unit_at[i] = len(inter)
+                inter.append(1)
         y = None
-        for rs, ph in zip(itertools.product(*(range(s) for s in strides)), phases):
+        for rs, ph in zip(residues, phases):
             pads = [(0, 0)] * len(inter)
             for (a, _), r, s in zip(axes, rs, strides):
-                pads[out_at[a] + sorted(out_at.values()).index(out_at[a]) + 1] = (r, s - 1 - r)
+                pads[unit_at[out_at[a]]] = (r, s - 1 - r)
             placed = g.pad(g.reshape(g.contiguous(ph), tuple(inter)), tuple(pads))
             y = placed if y is None else g.binary(Ops.ADD, y, placed)
         merged = list(phase_shape)
