@@ -549,21 +549,22 @@ def conv2d(args) -> Row:
     return row
 
 
-@case
-def conv2d_backward(args) -> Row:
-    """The same convolution's forward and both gradients (loss = sum(conv * g) with a fixed random g)."""
+def _conv_step_row(name: str, x: np.ndarray, w: np.ndarray, g: np.ndarray, args, **conv) -> Row:
+    """One training step of a convolution: the loss sum(conv(x, w) * g) (g fixed and random), its value and both
+    gradients realized (zyx computes lazily: a step that never reads the loss would skip the forward GEMM, which
+    torch runs)."""
     from zyx.nn import functional as F
 
-    x, w, g = _conv_operands()
     X, W = zyx.Tensor(x, requires_grad=True).realize(), zyx.Tensor(w, requires_grad=True).realize()
     G = zyx.Tensor(g).realize()
 
     def step_zyx():
         X.grad = W.grad = None
-        (F.conv2d(X, W, padding=1) * G).sum().backward()
-        zyx.realize(X.grad, W.grad)
+        loss = (F.conv2d(X, W, **conv) * G).sum()
+        loss.backward()
+        zyx.realize(loss, X.grad, W.grad)
 
-    row = Row("conv2d forward + input and weight gradients", median_ms(step_zyx, args.repeats))
+    row = Row(name, median_ms(step_zyx, args.repeats))
     torch = _torch()
     if torch is not None:
         tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
@@ -571,10 +572,27 @@ def conv2d_backward(args) -> Row:
 
         def step_torch():
             tx.grad = tw.grad = None
-            (torch.nn.functional.conv2d(tx, tw, padding=1) * tg).sum().backward()
+            (torch.nn.functional.conv2d(tx, tw, **conv) * tg).sum().backward()
 
         row.refs["torch"] = median_ms(step_torch, args.repeats)
     return row
+
+
+@case
+def conv2d_backward(args) -> Row:
+    """The 3x3 convolution's loss and both gradients."""
+    return _conv_step_row("conv2d forward + input and weight gradients", *_conv_operands(), args, padding=1)
+
+
+@case
+def conv2d_stem_backward(args) -> Row:
+    """A ResNet stem's 7x7 stride-2 convolution, 3 -> 32 channels, batch 16 of 64x64: loss and both gradients
+    (the input gradient overlap-adds phases of the strided windows)."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((16, 3, 64, 64)).astype(np.float32)
+    w = (rng.standard_normal((32, 3, 7, 7)) * 0.1).astype(np.float32)
+    g = rng.standard_normal((16, 32, 32, 32)).astype(np.float32)
+    return _conv_step_row("conv2d 7x7 s2 stem 16x3x64x64, forward + gradients", x, w, g, args, stride=2, padding=3)
 
 
 @case
