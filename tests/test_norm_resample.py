@@ -129,3 +129,22 @@ def test_errors_name_the_problem():
         F.interpolate(x, scale_factor=2, align_corners=True)
     with pytest.raises(NotImplementedError, match="pad: mode 'reflect' is not supported"):
         F.pad(x, (1, 1), mode="reflect")
+
+
+@pytest.mark.parametrize("mode", ["nearest", "nearest-exact"])
+@pytest.mark.parametrize("size,factor", [(7, 2.0), (5, 3.0), (16, 4.0), (12, 0.5), (9, 1 / 3), (10, 0.25),
+                                         (6, 1.7), (100, 2.0), (64, 0.5)])
+def test_nearest_integer_scales_take_integer_indices(mode, size, factor):
+    """Nearest resampling by an integer factor (up or down) computes PyTorch's indices exactly in integer
+    arithmetic (``i // f`` or ``i * d + c``, checked against the float formula per output position): the values
+    equal torch's, and the gather stays affine (no float position per element); other factors keep the float
+    formula."""
+    from zyx.nn import resample
+
+    x = np.arange(2 * 3 * size * size, dtype=np.float32).reshape(2, 3, size, size)
+    got = F.interpolate(zyx.Tensor(x), scale_factor=factor, mode=mode).numpy()
+    want = TF.interpolate(torch.from_numpy(x), scale_factor=factor, mode=mode).numpy()
+    np.testing.assert_array_equal(got, want)
+    o = int(np.floor(size * factor))
+    step = resample._integer_step(size, o, 1.0 / factor, mode == "nearest-exact", "float32")
+    assert (step is None) == (factor == 1.7), (size, o, step)

@@ -11,8 +11,11 @@ blends four rows with Keys' cubic convolution (``A = -0.75``), rows past the edg
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
+
+import numpy as np
 
 from zyx import dtypes
 from zyx.tensor import Tensor
@@ -78,9 +81,35 @@ def _positions(o: int, math_dtype, device: str) -> Tensor:
 
 def _nearest_index(n: int, o: int, scale: float | None, exact: bool, math_dtype, device: str) -> Tensor:
     s = _scale(n, o, scale, False)
+    step = _integer_step(n, o, s, exact, math_dtype.name)
+    if step is not None:  # the same indices in integer arithmetic: the kernel indexes the input directly
+        every, times, offset = step
+        i = Tensor.arange(o, device=device)
+        return (i // every if every > 1 else i * times) + offset
     pos = _positions(o, math_dtype, device)
     src = ((pos + 0.5) * s if exact else pos * s).floor().cast(dtypes.int64)
     return src.minimum(n - 1)
+
+
+@functools.lru_cache(maxsize=256)
+def _integer_step(n: int, o: int, s: float, exact: bool, math_dtype: str) -> tuple[int, int, int] | None:
+    """``(every, times, offset)`` when the nearest source indices that ``_nearest_index`` computes in ``math_dtype``
+    (PyTorch's float arithmetic) are exactly ``i // every + offset`` (an integer upscale) or ``i * times + offset``
+    (an integer downscale) for every output position ``i``, checked element by element; else None. Integer
+    indices keep the gather affine: a 2x upsampling's kernel then copies each element to its four places (2 ms for
+    32x32x64x64) instead of converting a float position per element (13.7 ms)."""
+    f = np.dtype(math_dtype).type
+    pos = np.arange(o, dtype=math_dtype)
+    src = ((pos + f(0.5)) * f(s) if exact else pos * f(s)).astype(math_dtype)
+    want = np.minimum(np.floor(src).astype(np.int64), n - 1)
+    i, first = np.arange(o, dtype=np.int64), int(want[0])
+    every = int(np.count_nonzero(want == first))
+    if every > 1 and np.array_equal(want, i // every + first):
+        return every, 1, first
+    times = int(want[1] - first) if o > 1 else 0
+    if np.array_equal(want, i * times + first):
+        return 1, times, first
+    return None
 
 
 def _linear(x: Tensor, axis: int, n: int, o: int, scale: float | None, align_corners: bool, math_dtype) -> Tensor:
