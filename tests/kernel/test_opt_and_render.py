@@ -106,3 +106,34 @@ def test_interchange_reduce_for_strided_reduce_axis():
     np.testing.assert_array_equal(m.numpy(), x.numpy().max(0))
     nan = zyx.Tensor(np.array([[1.0, 2.0], [np.nan, 0.0], [3.0, 1.0]] * 8, np.float32))
     np.testing.assert_array_equal(np.isnan(nan.max(0).numpy()), [True, False])
+
+
+def test_bool_accumulators_and_stashed_masks_are_bytes(tmp_path):
+    """Bools kept across iterations (an ``any`` accumulator, a stashed mask row) are rendered as ``unsigned char``
+    (GCC vectorizes no loop loading a ``_Bool`` array or reducing into a ``_Bool``), and gcc then vectorizes the
+    loops; the values stay right."""
+    import shutil
+    import subprocess
+
+    x = np.random.default_rng(2).standard_normal((64, 256)).astype(np.float32)
+    x[3, 7] = np.nan
+    X = zyx.Tensor(x)
+    y = X.isnan().any(1)
+    utils_log = zyx.utils.KERNEL_LOG
+    zyx.utils.KERNEL_LOG = []
+    try:
+        got = y.numpy()
+        (k,) = zyx.utils.KERNEL_LOG
+    finally:
+        zyx.utils.KERNEL_LOG = utils_log
+    np.testing.assert_array_equal(got, np.isnan(x).any(1))
+    src = CRenderer().render(opt.optimize(k, DeviceInfo("host", "host", compute_units=2)))
+    assert "unsigned char acc" in src and "_Bool acc" not in src
+    cc = shutil.which("gcc")
+    if cc is None:
+        return
+    (tmp_path / "k.c").write_text(src)
+    r = subprocess.run([cc, "-O3", "-march=native", "-fopenmp", "-fopt-info-vec-missed", "-c", "k.c", "-o", "k.o"],
+                       cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "relevant phi not supported" not in r.stderr
