@@ -106,3 +106,30 @@ def test_each_stage_is_one_kernel():
     t = zyx.Tensor(np.random.default_rng(5).standard_normal((2, 16)).astype(np.float32))
     ks = kernels_of(t.argsort(-1))
     assert len(ks) == 4 * 5 // 2  # log2(16) (log2(16) + 1) / 2 stages, keys and positions stored by one kernel
+
+
+@pytest.mark.parametrize("dtype,n,k", [("float32", 100, 5), ("float64", 1000, 12), ("int32", 64, 4),
+                                       ("bool", 300, 3), ("float16", 200, 6)])
+@pytest.mark.parametrize("largest", [True, False])
+def test_small_topk_selects_in_sort_order(device, dtype, n, k, largest):
+    """A topk with few elements (``k`` at most a quarter of the network's stages) takes ``k`` selection passes
+    instead of the sort: the same positions as the stable sort's first ``k`` (ties by position, NaN first for the
+    largest and last for the smallest), along an inner axis too."""
+    from zyx import sorting
+
+    levels = (n - 1).bit_length()
+    assert k * sorting.SELECT_STAGE_FRACTION <= levels * (levels + 1) // 2  # the selection path
+    x = data((3, n), dtype, n + k)
+    t = zyx.Tensor(x, device=device)
+    values, indices = t.topk(k, largest=largest)
+    want = np.array([reference_order(row, largest)[:k] for row in x.astype(np.float64)])
+    np.testing.assert_array_equal(indices.numpy(), want)
+    np.testing.assert_array_equal(values.numpy(), np.take_along_axis(x, want, -1))
+    inner = zyx.Tensor(np.ascontiguousarray(x.T), device=device).topk(k, dim=0, largest=largest)
+    np.testing.assert_array_equal(inner.indices.numpy(), want.T)
+
+
+def test_selected_topk_carries_gradients_as_torch(device):
+    torch = pytest.importorskip("torch")
+    x = np.random.default_rng(5).standard_normal((4, 200))
+    matches_torch(lambda a: a.topk(5, dim=1).values * 3, lambda a: torch.topk(a, 5, dim=1).values * 3, [x], device)
