@@ -63,6 +63,22 @@ class Plan:
     key: int = field(default_factory=lambda: next(_plan_keys))  # names the plan's launches as one recurring batch
 
     @functools.cached_property
+    def alloc_before(self) -> tuple[list, list[list]]:
+        """``alloc`` split by when a step-by-step run allocates: (the slots no step uses, the slots each step uses
+        first). Allocated as they are needed and released after their last use (``release_after``), the
+        intermediates of a long plan reuse the pool's freed blocks: a 2048^2 sort's 66 stages had allocated 3.2 GB
+        of fresh memory up front, and their first writes page-faulted (1 s of 1.1 s)."""
+        first: dict[int, int] = {}
+        for i, st in enumerate(self.steps):
+            for a in st.args:
+                first.setdefault(a, i)
+        early: list = []
+        per_step: list[list] = [[] for _ in self.steps]
+        for entry in self.alloc:
+            (per_step[first[entry[0]]] if entry[0] in first else early).append(entry)
+        return early, per_step
+
+    @functools.cached_property
     def batch_device(self) -> Device | None:
         """The device running every step, when all are launches (generated or library) on one device."""
         devs = {id(st.dev) for st in self.steps}
@@ -339,14 +355,24 @@ def execute(p: Plan, values: list) -> list[Buffer]:
 
     Every launch is issued before any output buffer is returned; intermediate buffers are released after
     their last use."""
-    table = _slot_table(p, values)
-    pending = _resolve_aliases(p.aliases, table)
-    if p.batch_device is not None and not pending:  # every step a launch on one device: one batch
-        launches = [(st.program, [a.id if isinstance(a, Buffer) else a for a in map(table.__getitem__, st.args)])
-                    for st in p.steps]
-        p.batch_device.launch_batch(p.key, launches)
-        return [table[s] for s in p.outputs]
-    for st, rel in zip(p.steps, p.release_after):
+    if p.batch_device is not None:  # every step a launch on one device: one batch, its buffers allocated first
+        table = _slot_table(p, values)
+        pending = _resolve_aliases(p.aliases, table)
+        if not pending:
+            launches = [(st.program, [a.id if isinstance(a, Buffer) else a for a in map(table.__getitem__, st.args)])
+                        for st in p.steps]
+            p.batch_device.launch_batch(p.key, launches)
+            return [table[s] for s in p.outputs]
+        allocate: list[list] = [[] for _ in p.steps]
+    else:
+        early, allocate = p.alloc_before
+        table = _fill_table(p, values, early)
+        pending = _resolve_aliases(p.aliases, table)
+    for st, rel, new in zip(p.steps, p.release_after, allocate):
+        if new:
+            _allocate(table, new)
+            if pending:
+                pending = _resolve_aliases(pending, table)
         if st.kind == "copy":
             table[st.args[1]] = _copy(st, table[st.args[0]])
         else:
@@ -360,11 +386,20 @@ def execute(p: Plan, values: list) -> list[Buffer]:
 
 def _slot_table(p: Plan, values: list) -> list:
     """Plan ``p``'s slots: the leaf ``values`` first, then a fresh buffer for every allocated slot."""
+    return _fill_table(p, values, p.alloc)
+
+
+def _fill_table(p: Plan, values: list, alloc: list) -> list:
+    """Plan ``p``'s slots: the leaf ``values``, a fresh buffer for each slot of ``alloc``, None elsewhere."""
     table: list = [None] * p.n_slots
     table[:p.n_leaves] = values
-    for s, pool, device, nbytes in p.alloc:
-        table[s] = Buffer(pool, pool.allocate(nbytes), nbytes, device)
+    _allocate(table, alloc)
     return table
+
+
+def _allocate(table: list, alloc: list) -> None:
+    for s, pool, device, nbytes in alloc:
+        table[s] = Buffer(pool, pool.allocate(nbytes), nbytes, device)
 
 
 def _resolve_aliases(aliases: list[tuple[int, int]], table: list) -> list[tuple[int, int]]:
