@@ -137,3 +137,24 @@ def test_bool_accumulators_and_stashed_masks_are_bytes(tmp_path):
                        cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert "relevant phi not supported" not in r.stderr
+
+
+def test_reduce_ranges_merge_when_contiguous():
+    """``merge_reduce_ranges``: a mean over (h, w) of a contiguous tensor becomes one long sum (one range, then the
+    long-sum lanes); over (n, w) of an (n, c, w) tensor the ranges are not adjacent in memory and stay two."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 6, 32, 64)).astype(np.float32)
+    info = DeviceInfo("host", "host", compute_units=2)
+    outer, zyx.utils.KERNEL_LOG = zyx.utils.KERNEL_LOG, []
+    try:
+        got = zyx.Tensor(x).mean((2, 3)).numpy()
+        strided = zyx.Tensor(x[:, :, 0]).sum((0, 2)).numpy()
+        (k1, k2) = zyx.utils.KERNEL_LOG
+    finally:
+        zyx.utils.KERNEL_LOG = outer
+    np.testing.assert_allclose(got, x.astype(np.float64).mean((2, 3)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(strided, x[:, :, 0].astype(np.float64).sum((0, 2)), rtol=1e-5, atol=1e-5)
+    (red,) = opt.optimize(k1, info).reduces()
+    assert [r.arg[1] for r in red.arg[1]] == [32 * 64] and opt.optimize(k1, info).reduce_lanes > 1
+    (red2,) = opt.merge_reduce_ranges(opt.merge_loops(opt.drop_unit_loops(k2))).reduces()
+    assert len(red2.arg[1]) == 2

@@ -3,6 +3,7 @@
 - ``drop_unit_loops``: loops of size 1 disappear (their range becomes 0).
 - ``merge_loops``: adjacent output loops merge when every index stays affine in the merged range
   (no ``//`` or ``%`` of it survives simplification), so contiguous work runs as one long loop.
+- ``merge_reduce_ranges``: adjacent ranges of one reduce merge when its value stays affine (a mean over (h, w)).
 - ``split_divmod_loops``: an output loop indexed through ``r // c`` and ``r % c`` splits into two loops.
 - ``unroll_divmod_loops``: an elementwise loop indexed through ``(r + b) // c`` and ``% c`` for a short ``c`` (phases
   of an interleave) is unrolled by ``c``: one copy of the stores per phase, its divisions folded.
@@ -99,6 +100,29 @@ def merge_loops(k: Kernel) -> Kernel:
             next_id += 1
         i -= 1
     return k
+
+
+def merge_reduce_ranges(k: Kernel) -> Kernel:
+    """Adjacent ranges of one reduce merge (``a = m // nb``, ``b = m % nb``) when its value stays affine in the
+    merged range: a mean over (h, w) becomes one long contiguous sum, which the long-sum passes (float partial
+    blocks, independent lanes) then speed up; the elements are visited in the same order. (A global average pool
+    of 32x32x64x64 summed 64 rows of 64 into one double, one dependent add at a time: 1.2 ms.)"""
+    mapping: dict[Expr, Expr] = {}
+    next_id = max((r.arg[0] for r in _every_range(k)), default=0) + 1
+    for e in k.reduces():
+        ranges, value = list(e.arg[1]), e.srcs[0]
+        i = len(ranges) - 2
+        while i >= 0:
+            a, b = ranges[i], ranges[i + 1]
+            m = ir.range_(next_id, a.arg[1] * b.arg[1])
+            merged = ir.substitute(value, {a: m // b.arg[1], b: m % b.arg[1]})
+            if _affine_in([merged], m):
+                value, ranges[i:i + 2] = merged, [m]
+                next_id += 1
+            i -= 1
+        if len(ranges) < len(e.arg[1]):
+            mapping[e] = ir.reduce(e.arg[0], value, tuple(ranges), e.dtype)
+    return _substitute_kernel(k, mapping, k.loops) if mapping else k
 
 
 SPLIT_MIN_INNER = 8  # a shorter inner loop would not vectorize: keep the division instead
@@ -852,7 +876,7 @@ def optimize(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Kerne
     parts = []
     units = 1 if "column_block" in DISABLED else info.compute_units
     for part in split_segments(k):
-        part = merge_loops(drop_unit_loops(part))
+        part = merge_reduce_ranges(merge_loops(drop_unit_loops(part)))
         if "split_divmod_loops" not in DISABLED:
             part = split_divmod_loops(part)
         if "unroll_divmod_loops" not in DISABLED:
