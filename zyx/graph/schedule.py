@@ -355,19 +355,17 @@ def execute(p: Plan, values: list) -> list[Buffer]:
 
     Every launch is issued before any output buffer is returned; intermediate buffers are released after
     their last use."""
-    if p.batch_device is not None:  # every step a launch on one device: one batch, its buffers allocated first
-        table = _slot_table(p, values)
-        pending = _resolve_aliases(p.aliases, table)
-        if not pending:
-            launches = [(st.program, [a.id if isinstance(a, Buffer) else a for a in map(table.__getitem__, st.args)])
-                        for st in p.steps]
-            p.batch_device.launch_batch(p.key, launches)
-            return [table[s] for s in p.outputs]
-        allocate: list[list] = [[] for _ in p.steps]
+    if p.batch_device is not None:  # every step a launch on one device: its buffers allocated first
+        table, allocate = _slot_table(p, values), [[] for _ in p.steps]
     else:
         early, allocate = p.alloc_before
         table = _fill_table(p, values, early)
-        pending = _resolve_aliases(p.aliases, table)
+    pending = _resolve_aliases(p.aliases, table)
+    if p.batch_device is not None and not pending:  # one batch
+        launches = [(st.program, [a.id if isinstance(a, Buffer) else a for a in map(table.__getitem__, st.args)])
+                    for st in p.steps]
+        p.batch_device.launch_batch(p.key, launches)
+        return [table[s] for s in p.outputs]
     for st, rel, new in zip(p.steps, p.release_after, allocate):
         if new:
             _allocate(table, new)
