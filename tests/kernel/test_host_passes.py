@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 PASSES = ("column_block", "block_vector_reduce", "stash_row_values", "split_divmod_loops", "unroll_divmod_loops",
-          "unroll_reduce", "upcast_rows", "transpose", "prefetch")
+          "unroll_reduce", "upcast_rows", "transpose", "prefetch", "prefetch_streams")
 HOST2 = DeviceInfo("host", "host", compute_units=2)
 
 
@@ -558,3 +558,50 @@ def test_prefetch_needs_one_stride_and_a_dense_block(monkeypatch):
     assert not opt.prefetch_blocks(kernel(r * 256 + j, r * 256 + j + 2048, r * 256 + j + 4096)).prefetch
     monkeypatch.undo()
     assert not opt.prefetch_blocks(dense).prefetch  # 192 KiB: below the default smallest input
+
+
+def test_long_row_sums_prefetch_their_stream(monkeypatch):
+    """``prefetch_streams``: a long row sum with lanes prefetches its input ``STREAM_PREFETCH_BYTES`` ahead, once
+    per block of lanes, for each row computed together (the range redefined ahead in a scope of its own, the block
+    clipped to the buffer); the values are those of the kernel without it, bit for bit. Small inputs get none by
+    default, and ``prefetch_distance`` 0 (a search candidate) turns it off."""
+    rng = np.random.default_rng(11)
+    X = zyx.Tensor(rng.standard_normal((8, 4096)).astype(np.float32)).realize()
+    (k,) = _kernels(lambda: X.sum(1).numpy())
+    assert opt.optimize(k, HOST2).stream_prefetch is None  # 128 KiB: below the smallest input
+    monkeypatch.setattr(opt, "PREFETCH_MIN_INPUT", 0)
+    for rows in (1, 2):
+        ko = opt.optimize(k, HOST2, {"upcast_rows": rows})
+        assert ko.stream_prefetch == ir.StreamPrefetch((1,), opt.STREAM_PREFETCH_BYTES // 4)
+        src = CRenderer().render(ko)
+        lanes = ko.reduce_lanes
+        assert src.count(f"_o + {opt.STREAM_PREFETCH_BYTES // 4}LL; const long long zi =") == rows
+        assert src.count(f"zl < {lanes}; zl += 16) __builtin_prefetch(p1 + zq + zl, 0, 3);") == rows
+        assert f"zi < {8 * 4096 - lanes}LL ? zi : {8 * 4096 - lanes}LL" in src
+    assert opt.optimize(k, HOST2, {"prefetch_distance": 0}).stream_prefetch is None
+    on, off = _run(lambda: X.sum(1).numpy()), _run(lambda: X.sum(1).numpy(), ("prefetch_streams",))
+    np.testing.assert_array_equal(on[0], off[0])
+
+
+def test_stream_prefetch_skips_gated_and_gathered_loads(monkeypatch):
+    """Only plain loads that walk the sum's range contiguously are prefetched: a padded (gated) load, a load
+    through a loaded index and a strided one are not."""
+    monkeypatch.setattr(opt, "PREFETCH_MIN_INPUT", 0)
+    i, r = ir.range_(0, 8), ir.range_(1, 512)
+    f32 = dtypes.float32
+    params = (Param("p0", f32, "out", 8), Param("p1", f32, "in", 8 * 1024), Param("p2", dtypes.int32, "in", 512))
+
+    def kernel(value):
+        k = Kernel("k", params, (i,), (Store(0, i, ir.reduce(Ops.ADD, value, (r,))),))
+        return replace(k, wide_acc=True, reduce_lanes=64, parallel=1)
+
+    plain = kernel(ir.load(1, f32, i * 512 + r))
+    assert opt.prefetch_streams(plain).stream_prefetch == ir.StreamPrefetch((1,), opt.STREAM_PREFETCH_BYTES // 4)
+    gated = ir.load(1, f32, i * 512 + r, ir.alu(Ops.CMPLT, r, ir.const(500, ir.index_dtype)))
+    gather = ir.load(1, f32, ir.cast(ir.load(2, dtypes.int32, r), ir.index_dtype))
+    strided = ir.load(1, f32, r * 2 + i)
+    for value in (gated, strided):
+        assert opt.prefetch_streams(kernel(value)).stream_prefetch is None
+    # the index stream itself is contiguous along the sum: it, not the gathered input, is prefetched
+    assert opt.prefetch_streams(kernel(gather)).stream_prefetch.params == (2,)
+    assert opt.prefetch_streams(replace(plain, reduce_lanes=0)).stream_prefetch is None

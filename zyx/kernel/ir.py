@@ -614,6 +614,16 @@ class Prefetch:
 
 
 @dataclass(frozen=True)
+class StreamPrefetch:
+    """Software prefetches ``distance`` elements ahead along the long sums of a kernel with ``reduce_lanes``: once
+    per block of lanes, for every load of an input in ``params`` that walks the sum's range contiguously
+    (``opt.prefetch_streams``; clipped to the buffer)."""
+
+    params: tuple[int, ...]
+    distance: int
+
+
+@dataclass(frozen=True)
 class Kernel:
     """One launch: loops (outer first) over which every store runs, and the stores.
 
@@ -640,6 +650,7 @@ class Kernel:
     vector_block: tuple[int, int] | None = None  # (row block, register tile) of a column sum (``block_vector_reduce``)
     gemm: GemmTile | None = None  # register tiles and packed panels of a contraction (``tile_gemm``)
     prefetch: tuple[Prefetch, ...] = ()  # next iteration's input blocks fetched ahead (``prefetch_blocks``)
+    stream_prefetch: StreamPrefetch | None = None  # long sums' inputs fetched ahead (``prefetch_streams``)
     then: tuple[Kernel, ...] = ()  # further loop nests over the same params, run after this one in one launch
     launch: Geometry | None = None
 

@@ -25,6 +25,8 @@
   (``Kernel.upcast_rows``).
 - ``prefetch_blocks``: an input that each iteration of the parallel outer loop reads as several short streams has
   the next iteration's block prefetched (``Kernel.prefetch``).
+- ``prefetch_streams``: a long sum with lanes prefetches its contiguous input loads a fixed distance ahead
+  (``Kernel.stream_prefetch``).
 - ``stash_row_values``: a row value that a reduce computes and a later loop over the same row recomputes is
   written to a local array once (``STASH``) and read back (``LOCAL``): softmax's exp, LayerNorm's residual add.
 
@@ -252,6 +254,42 @@ def prefetch_blocks(k: Kernel) -> Kernel:
         if hi - lo + 1 <= 2 * s and PREFETCH_MIN_BYTES <= (hi - lo + 1) * size <= PREFETCH_MAX_BYTES:
             out.append(ir.Prefetch(p, r, s, lo, hi - lo + 1))
     return replace(k, prefetch=tuple(out)) if out else k
+
+
+# software prefetch along a long sum (``prefetch_streams``). On the 2-core Zen 4, 4096^2 float32 row sums from memory
+# (in turns, each after 128 MB read elsewhere, 61 runs each, 5 runs): 1 KiB ahead 6-17% faster than none; 512 B and
+# 2 KiB within 2% of 1 KiB
+STREAM_PREFETCH_BYTES = 1 << 10
+
+
+def prefetch_streams(k: Kernel, distance: int | None = None) -> Kernel:
+    """Prefetch ``distance`` bytes (default ``STREAM_PREFETCH_BYTES``) ahead of each contiguous load of a long sum
+    with ``reduce_lanes`` (``Kernel.stream_prefetch``), once per block of lanes, for inputs of at least
+    ``PREFETCH_MIN_INPUT`` bytes: the hardware prefetcher alone leaves a row sum of a 64 MB matrix short of the
+    bandwidth that two cores reach. Loads behind a gate or through a loaded index are left alone. Changes no
+    value."""
+    distance = STREAM_PREFETCH_BYTES if distance is None else distance
+    if k.reduce_lanes <= 1 or distance <= 0 or k.stream_prefetch is not None:
+        return k
+    params: set[int] = set()
+    for e in k.reduces():
+        if len(e.arg[1]) != 1 or e.arg[0] is not Ops.ADD or not e.dtype.is_float:
+            continue
+        (rr,) = e.arg[1]
+        for x in ir.toposort([e.srcs[0]]):
+            if x.op is not Ops.LOAD or len(x.srcs) != 1 or ir.affine_coefficient(x.srcs[0], rr) != 1:
+                continue
+            p = k.params[x.arg]
+            if p.kind == "in" and p.size * p.dtype.itemsize >= PREFETCH_MIN_INPUT and \
+                    all(i.op not in _INDEX_OPAQUE for i in ir.toposort([x.srcs[0]])):
+                params.add(x.arg)
+    if not params:
+        return k
+    size = max(k.params[p].dtype.itemsize for p in params)
+    return replace(k, stream_prefetch=ir.StreamPrefetch(tuple(sorted(params)), max(distance // size, 1)))
+
+
+_INDEX_OPAQUE = frozenset({Ops.LOAD, Ops.LOCAL, Ops.STASH, Ops.REDUCE, Ops.SCAN})  # no index the renderer inlines
 
 
 TRANSPOSE_TILES = (64, 32, 16, 8)  # tile edges (elements) tried for a transposing kernel, the first that divides
@@ -841,7 +879,8 @@ def tile_gemm(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Kern
 
 # the optional host passes, by the names DISABLED takes
 PASS_NAMES = frozenset({"gemm", "column_block", "block_vector_reduce", "stash_row_values", "split_divmod_loops",
-                        "unroll_divmod_loops", "unroll_reduce", "upcast_rows", "transpose", "prefetch"})
+                        "unroll_divmod_loops", "unroll_reduce", "upcast_rows", "transpose", "prefetch",
+                        "prefetch_streams"})
 DISABLED: set[str] = set()  # names of optional host passes switched off (tests compare outputs with and without)
 
 
@@ -857,7 +896,8 @@ def search_space(k: Kernel, info: DeviceInfo) -> dict[str, tuple[int, ...]]:
     space = {"interchange_tile": INTERCHANGE_TILES, "column_block": COLUMN_BLOCKS,
              "row_block": (4, 8, 16), "vector_tile": (32, 64, 128), "collapse": (1, 2), "stash": (0, 1),
              "reduce_lanes": tuple(dict.fromkeys((target_lanes(info), 1, 16, 32, 64, 128))),
-             "upcast_rows": (UPCAST_ROWS, 2, 4, 8)}
+             "upcast_rows": (UPCAST_ROWS, 2, 4, 8),
+             "prefetch_distance": tuple(dict.fromkeys((STREAM_PREFETCH_BYTES, 0, 512, 2048)))}
     if "transpose" not in DISABLED and _transpose_axes(merge_loops(drop_unit_loops(k))) is not None:
         space["transpose_tile"] = (*TRANSPOSE_TILES, 128, 0)
     if "gemm" not in DISABLED:
@@ -903,5 +943,7 @@ def optimize(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Kerne
             part = upcast_rows(part, p.get("upcast_rows"))
         if "prefetch" not in DISABLED:
             part = prefetch_blocks(part)
+        if "prefetch_streams" not in DISABLED:
+            part = prefetch_streams(part, p.get("prefetch_distance"))
         parts.append(part)
     return replace(parts[0], then=tuple(parts[1:]))

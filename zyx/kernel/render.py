@@ -471,6 +471,35 @@ class CRenderer(CStyleRenderer):
 
         bounds: dict[Loop, tuple[str, str]] = {}  # loops rendered over other bounds than 0 .. size
 
+        def inline(x: Expr) -> str:
+            """``x`` spelled in place: named values by name, the rest from its operands (an index's arithmetic)."""
+            if x.op in (Ops.CONST, Ops.RANGE) or x in name:
+                return operand(x)
+            return f"({self.expr(x, {s: inline(s) for s in x.srcs}, k.params)})"
+
+        def stream_prefetches(loop: Loop, lanes: int) -> list[str]:
+            """``Kernel.stream_prefetch``'s statements at the top of a block of ``lanes``: for each contiguous load
+            of a prefetched input in ``loop``, the lines of the block ``distance`` elements ahead (its range
+            redefined in a scope of its own as ``r_o + distance``, so the index renders as in the loop)."""
+            f = next((part.stream_prefetch for part in (k, *k.then) if part.stream_prefetch is not None), None)
+            if f is None:
+                return []
+            r, it = rng(loop.range), self.index_type
+            out: list[str] = []
+            seen: set[Expr] = set()
+            for x in walk(loop.body):
+                if isinstance(x, Expr) and x.op is Ops.LOAD and x.arg in f.params and len(x.srcs) == 1 and \
+                        x.srcs[0] not in seen and ir.affine_coefficient(x.srcs[0], loop.range) == 1:
+                    seen.add(x.srcs[0])
+                    p = k.params[x.arg]
+                    line = max(64 // p.dtype.itemsize, 1)
+                    last = max(p.size - lanes, 0)  # the block's start, clipped so that the block stays in the buffer
+                    out += [f"{{ const {it} {r} = {r}_o + {f.distance}LL; const {it} zi = {inline(x.srcs[0])};",
+                            f"  const {it} zq = zi < {last}LL ? zi : {last}LL;",
+                            f"  for (int zl = 0; zl < {lanes}; zl += {line}) "
+                            f"__builtin_prefetch(p{x.arg} + zq + zl, 0, 3); }}"]
+            return out
+
         def reduce_loop(red: Reduce, ind: str, lo: str, hi: str, members: list[tuple[Expr, str, bool]],
                         blocked: bool) -> None:
             """The loops of ``red``, accumulating each (expr, accumulator, tracks NaN) of ``members``."""
@@ -511,6 +540,7 @@ class CRenderer(CStyleRenderer):
                     lines.append(f"{i2}float {part}_t[{lanes}];")
                     lines.append(f"{i2}for (int t = 0; t < {lanes}; t++) {{ {part}_t[t] = 0.0f; }}")
                 lines.append(f"{i2}for ({it} {r}_o = {r}_b; {r}_o < {r}_e; {r}_o += {lanes}) {{")
+                lines.extend(i3 + x for x in stream_prefetches(loop, lanes))
                 lines.append(f"{i3}#pragma omp simd")
                 # a lane counter with a constant trip count (``r_o + lanes`` may wrap under -fwrapv, which
                 # kept GCC from holding the lanes in registers)
