@@ -803,20 +803,17 @@ def _direct(fn):
     return staticmethod(fn)
 
 
-def _reduce_direct(kind: Ops):
-    return staticmethod(lambda x, axes=(): g.reduce(kind, x, axes))
-
-
-Max.direct, Min.direct = _reduce_direct(Ops.MAX), _reduce_direct(Ops.MIN)
-Cast.direct = _direct(lambda x, dtype=None: g.cast(x, dtype))
-Sum.direct = _direct(lambda x, axes=(): g.reduce(Ops.ADD, x, axes))
-Prod.direct = _direct(lambda x, axes=(): g.reduce(Ops.MUL, x, axes))
+# graph functions whose parameters carry the keywords' names serve as they are (no Python frame in between)
+Max.direct, Min.direct = _direct(functools.partial(g.reduce, Ops.MAX)), _direct(functools.partial(g.reduce, Ops.MIN))
+Cast.direct = _direct(g.cast)
+Sum.direct = _direct(functools.partial(g.reduce, Ops.ADD))
+Prod.direct = _direct(functools.partial(g.reduce, Ops.MUL))
 Scan.direct = _direct(lambda x, op=Ops.ADD, axis=0: g.scan(op, x, axis))
-Reshape.direct = _direct(lambda x, shape=(): g.reshape(x, shape))
-Permute.direct = _direct(lambda x, order=(): g.permute(x, order))
-Expand.direct = _direct(lambda x, shape=(): g.expand(x, shape))
-Pad.direct = _direct(lambda x, pads=(), fill=0: g.pad(x, pads, fill))
-Shrink.direct = _direct(lambda x, spec=(): g.shrink(x, spec))
+Reshape.direct = _direct(g.reshape)
+Permute.direct = _direct(g.permute)
+Expand.direct = _direct(g.expand)
+Pad.direct = _direct(g.pad)
+Shrink.direct = _direct(g.shrink)
 Gather.direct = _direct(lambda x, index, axis=0: g.gather(x, index, axis))
 TakeAlong.direct = _direct(lambda x, index, axis=0: g.take_along(x, index, axis))
 Windows.direct = _direct(lambda x, axis=0, kernel=1, stride=1, dilation=1: windows_graph(x, axis, kernel, stride,

@@ -48,6 +48,8 @@ def _norm_axis(axis: int, ndim: int, what: str = "axis") -> int:
 
 
 def _norm_axes(axis, ndim: int) -> tuple[int, ...]:
+    if type(axis) is int and -ndim <= axis < ndim:  # the common case, checked
+        return (axis % ndim,)
     if axis is None:
         return tuple(range(ndim))
     if isinstance(axis, (list, tuple)):
@@ -212,7 +214,8 @@ class Tensor:
 
     # ---- realization and output ------------------------------------------------------------------------------
     def realize(self) -> Tensor:
-        realize(self)
+        if self.cls.buffer is None:
+            schedule.realize([self.cls])
         return self
 
     def _on_compute(self) -> Tensor:
@@ -826,7 +829,7 @@ class Tensor:
         x = self._on_compute()
         shape = x.cls.shape
         axes = _norm_axes(axis, len(shape))
-        if any(shape[a] == 0 for a in axes):
+        if 0 in shape and any(shape[a] == 0 for a in axes):
             if identity is None:
                 raise ValueError(f"{name} of an empty axis has no identity (shape {shape}, axis {axis})")
         out = fn.apply(x, axes=axes) if axes else x  # over an empty axis: the identity (``ops.reduce``)
@@ -838,8 +841,8 @@ class Tensor:
         keepdim = _keepdim(keepdim, keepdims)
         axis = _alias(axis, dim)
         x = self._on_compute()
-        d = dtypes.to_dtype(dtype) if dtype is not None else _sum_dtype(x.dtype)
-        return x.cast(d)._reduce(F.Sum, axis, keepdim, "sum", 0)
+        d = dtypes.to_dtype(dtype) if dtype is not None else _sum_dtype(x.cls.dtype)
+        return (x if d is x.cls.dtype else x.cast(d))._reduce(F.Sum, axis, keepdim, "sum", 0)
 
     def prod(self, axis=None, keepdim: bool = False, dtype=None, dim=None, keepdims: bool | None = None):
         keepdim = _keepdim(keepdim, keepdims)

@@ -79,13 +79,17 @@ def reduce(op: Ops, x: Class, axes: tuple[int, ...]) -> Class:
     copies (max, min, or, and: those axes are dropped). Over an empty axis it is ``EMPTY_REDUCE``'s constant
     (max and min have none: the tensor layer raises first)."""
     assert op in REDUCE_OPS, op
-    axes = tuple(sorted(a for a in axes if x.shape[a] != 1))
+    xs = x.shape
+    axes = tuple(sorted(a for a in axes if xs[a] != 1))
     if not axes:
         return x
-    shape = tuple(1 if i in axes else s for i, s in enumerate(x.shape))
-    if op in EMPTY_REDUCE and any(x.shape[a] == 0 for a in axes):
+    shape = list(xs)
+    for a in axes:
+        shape[a] = 1
+    shape = tuple(shape)
+    if 0 in xs and op in EMPTY_REDUCE and any(xs[a] == 0 for a in axes):
         return const(EMPTY_REDUCE[op], shape, x.dtype, x.device)
-    if _op(x) is Ops.EXPAND:
+    if x.nodes and x.nodes[0].op is Ops.EXPAND:
         src = x.nodes[0].srcs[0]
         copied = {i for i, (s, o) in enumerate(zip(src.shape, x.shape)) if s != o}
         if op in IDEMPOTENT or not copied & set(axes):
