@@ -491,6 +491,30 @@ def test_interleaved_phases_unroll(name):
         np.testing.assert_array_equal(on[0], X.numpy().repeat(2, 2).repeat(2, 3))
 
 
+@pytest.mark.parametrize("shape, pads", [((1, 2, 3), ((0, 0), (1, 1), (0, 0))), ((2, 4, 2), ((0, 0), (2, 1), (0, 0))),
+                                         ((3, 5, 8), ((1, 0), (1, 2), (0, 0)))])
+def test_padded_reshapes_compute_their_interleaved_copies(shape, pads):
+    """A pad then a reshape that merges the padded axis: ``unroll_divmod_loops`` makes one store per element of the
+    last axis, each a gated load ``p[3 i + u - 3]`` (a masked interleaved group). GCC 12 vectorized such a group
+    wrong (the composition fuzzer found 4 of 12 elements 0.0 for the first shape), so the kernel renders with
+    ``ZYX_NO_IFCVT``; one with a single gated load per iteration, or none, keeps if-conversion. (A last axis of 8
+    is past the pass's copies: one gated load.)"""
+    from zyx.kernel.render import CRenderer
+
+    x = np.random.default_rng(0).standard_normal(shape)
+    n = math.prod(s + a + b for s, (a, b) in zip(shape, pads))
+    y = zyx.Tensor(x).pad(pads, value=0.5).reshape(1, n)
+    np.testing.assert_array_equal(y.numpy(), np.pad(x, pads, constant_values=0.5).reshape(1, n))
+    (k,) = _kernels(lambda: zyx.Tensor(x).pad(pads, value=0.5).reshape(1, n).numpy())
+    ko = opt.optimize(k, HOST2)
+    assert CRenderer.no_if_convert(ko) == (len(ko.stores) > 1) == (shape[-1] < 8)
+    assert ("ZYX_NO_IFCVT void" in CRenderer().render(ko)) == (shape[-1] < 8)
+    assert not CRenderer.no_if_convert(k)  # before the pass: one gated load, contiguous
+    X = zyx.Tensor(np.ones((2, 3, 16, 16), np.float32)).realize()
+    for ko in (opt.optimize(k, HOST2) for k in _kernels(lambda: zyx.nn.functional.max_pool2d(X, 3, 2, 1).numpy())):
+        assert not CRenderer.no_if_convert(ko)
+
+
 def test_unroll_divmod_leaves_ragged_and_reducing_loops():
     """A loop whose extent the divisor does not split evenly, or a kernel with a reduce, keeps its divisions."""
     i, j = ir.range_(0, 7), ir.range_(1, 4)

@@ -600,7 +600,32 @@ class CRenderer(CStyleRenderer):
         attr = ""
         if any(part.gemm is not None for part in (k, *k.then)):
             attr = "ZYX_GEMM_ATTR "
+        if self.no_if_convert(k):
+            attr += "ZYX_NO_IFCVT "
         return f"{self.prelude()}\n{attr}void {k.name}(void **args) {{\n{body}\n}}\n"
+
+    @staticmethod
+    def no_if_convert(k: Kernel) -> bool:
+        """Whether ``k`` has a masked interleaved group, which GCC 12 vectorizes wrong (``ZYX_NO_IFCVT``): two gated
+        loads of one input whose indices advance by the same stride of 2 or more along an innermost loop (an output
+        nest's last loop or a reduce's last range). ``opt.unroll_divmod_loops`` makes them from a padded reshape;
+        compiled without if-conversion, such loops run scalar but right."""
+        for part in (k, *k.then):
+            roots = [x for s in part.stores for x in (s.index, s.value)]
+            exprs = ir.toposort(roots)
+            inner = ({part.loops[-1]} if part.loops else set()) | \
+                {e.arg[1][-1] for e in exprs if e.op is Ops.REDUCE and e.arg[1]}
+            gated = [e for e in exprs if e.op is Ops.LOAD and len(e.srcs) > 1]
+            for r in inner:
+                seen: dict[tuple[int, int], Expr] = {}
+                for e in gated:
+                    c = ir.affine_coefficient(e.srcs[0], r)
+                    if c is None or abs(c) < 2:
+                        continue
+                    first = seen.setdefault((e.arg, c), e.srcs[0])
+                    if first is not e.srcs[0]:
+                        return True
+        return False
 
     def render_gemm(self, k: Kernel, g: GemmTile, ind: str) -> list[str]:
         """The loop nest of a register-tiled contraction (``opt.GemmTile`` ``g``): inside one parallel region,
@@ -878,6 +903,13 @@ C_PRELUDE = r"""
 #define ZYX_GEMM_ATTR __attribute__((target("prefer-vector-width=512")))
 #else
 #define ZYX_GEMM_ATTR
+#endif
+/* GCC 12 miscompiles masked loads in an interleaved group (gated p[2i - 2], p[2i - 1] in one vectorized loop:
+   some lanes read 0); kernels with such a group are compiled without loop if-conversion (CRenderer.no_if_convert) */
+#if defined(__GNUC__) && !defined(__clang__)
+#define ZYX_NO_IFCVT __attribute__((optimize("no-tree-loop-if-convert")))
+#else
+#define ZYX_NO_IFCVT
 #endif
 #ifdef _OPENMP
 #include <omp.h>
