@@ -840,9 +840,8 @@ class Tensor:
     def sum(self, axis=None, keepdim: bool = False, dtype=None, dim=None, keepdims: bool | None = None):
         keepdim = _keepdim(keepdim, keepdims)
         axis = _alias(axis, dim)
-        x = self._on_compute()
-        d = dtypes.to_dtype(dtype) if dtype is not None else _sum_dtype(x.cls.dtype)
-        return (x if d is x.cls.dtype else x.cast(d))._reduce(F.Sum, axis, keepdim, "sum", 0)
+        d = dtypes.to_dtype(dtype) if dtype is not None else _sum_dtype(self.cls.dtype)
+        return (self if d is self.cls.dtype else self.cast(d))._reduce(F.Sum, axis, keepdim, "sum", 0)
 
     def prod(self, axis=None, keepdim: bool = False, dtype=None, dim=None, keepdims: bool | None = None):
         keepdim = _keepdim(keepdim, keepdims)

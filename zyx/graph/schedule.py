@@ -287,7 +287,7 @@ def get_plan(outputs: list[Class]) -> tuple[Plan | None, list[Class], list[Class
     outs = []
     seen = set()
     for o in outputs:
-        if not o.realized and id(o) not in seen:
+        if o.buffer is None and id(o) not in seen:
             seen.add(id(o))
             outs.append(o)
     if not outs:
@@ -328,7 +328,7 @@ def realize(outputs: list[Class]) -> None:
     p, leaves, outs = get_plan(outputs)
     if p is None:
         return
-    values = [c.buffer if c.realized else c.var_value for c in leaves]
+    values = [c.var_value if c.buffer is None else c.buffer for c in leaves]
     STATS["realizes"] += 1
     buffers = execute(p, values)
     if recording is not None:
@@ -360,7 +360,7 @@ def execute(p: Plan, values: list) -> list[Buffer]:
     else:
         early, allocate = p.alloc_before
         table = _fill_table(p, values, early)
-    pending = _resolve_aliases(p.aliases, table)
+    pending = _resolve_aliases(p.aliases, table) if p.aliases else p.aliases
     if p.batch_device is not None and not pending:  # one batch
         launches = [(st.program, [a.id if isinstance(a, Buffer) else a for a in map(table.__getitem__, st.args)])
                     for st in p.steps]

@@ -186,7 +186,7 @@ class HostDevice(Device):
                                f"got {len(args)}")
         packed = prog.packed.pop() if prog.packed else prog.new_packed()
         arr, slots = packed
-        address = self._pool.address
+        address = self._pool.addresses.__getitem__
         for (i, v), a in zip(slots, args):
             if v is None:
                 arr[i] = address(a)
@@ -199,7 +199,7 @@ class HostDevice(Device):
         packed = self._pack(prog, args)
         STATS["launches"] += 1
         try:
-            if debug_on("launch"):
+            if utils.DEBUG and debug_on("launch"):
                 t0 = time.perf_counter()
                 prog.fn(packed[0])
                 log("launch", f"{prog.name} {(time.perf_counter() - t0) * 1e6:.1f} us")

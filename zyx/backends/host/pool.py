@@ -42,7 +42,7 @@ class HostPool(Pool):
         self._lock = threading.Lock()
         # id -> [block (None: wrapped memory), the buffer's bytes (a uint8 array of nbytes), refcount, on_release]
         self._bufs: dict[int, list] = {}
-        self._addresses: dict[int, int] = {}  # id -> address of its first byte (``.ctypes.data`` costs ~1 us)
+        self.addresses: dict[int, int] = {}  # id -> address of its first byte (``.ctypes.data`` costs ~1 us)
         self._cache: dict[int, list[_Block]] = {}  # size -> freed blocks of that size
         self._cached_bytes = 0
         self._next = 1
@@ -60,7 +60,7 @@ class HostPool(Pool):
             bid = self._next
             self._next += 1
             self._bufs[bid] = [block, block.view if nbytes == size else block.view[:nbytes], 1]
-            self._addresses[bid] = block.address
+            self.addresses[bid] = block.address
             return bid
 
     def _fresh(self, size: int) -> _Block:
@@ -85,7 +85,7 @@ class HostPool(Pool):
             bid = self._next
             self._next += 1
             self._bufs[bid] = [None, memory.reshape(-1).view(np.uint8), 1, on_release]
-            self._addresses[bid] = memory.ctypes.data
+            self.addresses[bid] = memory.ctypes.data
             return bid
 
     def import_buffer(self, src_pool: Pool, src: BufferId) -> BufferId | None:
@@ -115,32 +115,28 @@ class HostPool(Pool):
             if b[2] > 0:
                 return
             del self._bufs[buffer]
-            del self._addresses[buffer]
+            del self.addresses[buffer]
             block = b[0]
             if block is None:
                 on_release = b[3] if len(b) > 3 else None
-            else:
+            else:  # kept for reuse while the cache has room; no NumPy call and no other frame: a release right
+                # after a large kernel runs with cold caches, where every extra object touched costs
                 on_release = None
-                self._cache_block(block)
+                size = block.size
+                if self._cached_bytes + size <= self.cache_limit:
+                    blocks = self._cache.get(size)
+                    if blocks is None:
+                        blocks = self._cache[size] = []
+                    blocks.append(block)
+                    self._cached_bytes += size
         if on_release is not None:  # wrapped memory: hand it back to its owner
             on_release()
-
-    def _cache_block(self, block: _Block) -> None:
-        """(under the lock) Keep a freed block for reuse while the cache has room. No NumPy call: a release
-        right after a large kernel runs with cold caches, where every extra object touched costs."""
-        size = block.size
-        if self._cached_bytes + size <= self.cache_limit:
-            blocks = self._cache.get(size)
-            if blocks is None:
-                blocks = self._cache[size] = []
-            blocks.append(block)
-            self._cached_bytes += size
 
     def nbytes(self, buffer: BufferId) -> int:
         return self._bufs[buffer][1].nbytes
 
     def address(self, buffer: BufferId) -> int:
-        return self._addresses[buffer]
+        return self.addresses[buffer]
 
     def view(self, buffer: BufferId) -> np.ndarray:
         """The buffer's bytes as a uint8 array (zero-copy; valid while the buffer is retained)."""
