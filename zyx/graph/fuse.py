@@ -377,15 +377,20 @@ def _product_sum(n: Node) -> bool:
     return not src.realized and src.op is Ops.MUL
 
 
+def _reduce_nesting(b: KernelBuilder) -> tuple[list[ir.Expr], set[int]]:
+    """The reduces of ``b``'s kernel and the ids of those inside another's loops (none when there is one)."""
+    reds = b.kernel().reduces()
+    if len(reds) < 2:
+        return reds, set()
+    return reds, {id(e) for e in ir.toposort([x for r in reds for x in r.srcs]) if e.op is Ops.REDUCE}
+
+
 def _side_by_side_contractions(b: KernelBuilder, computed_by: Callable[[Class], Node]) -> list[Class]:
     """The contraction classes of ``b``'s kernel when it runs several reduces side by side (none inside another's
     loops), one of them a contraction: ``x @ w1 + (x @ w2).relu()`` or a recurrent cell's ``x @ wx + h @ wh`` as one
-    loop nest ran 100x slower than a tiled GEMM each. Stored, each is a kernel of its own. (Nested reduces, such as
-    the scores inside an attention's weighted sum, stay: that kernel is one pass over them.)"""
-    reds = b.kernel().reduces()
-    if len(reds) < 2:
-        return []
-    inner = {id(e) for e in ir.toposort([x for r in reds for x in r.srcs]) if e.op is Ops.REDUCE}
+    loop nest ran 100x slower than a tiled GEMM each. Stored, each is a kernel of its own. (A contraction inside
+    another reduce's loops: ``_nested_contractions``.)"""
+    reds, inner = _reduce_nesting(b)
     top = [r for r in reds if id(r) not in inner and r in b.reduce_class]
     classes = [b.reduce_class[r] for r in top]
     picked = [c for c in classes if _product_sum(computed_by(c))]
@@ -417,10 +422,7 @@ def _nested_contractions(b: KernelBuilder, computed_by: Callable[[Class], Node])
     own, untiled. The loss ``sum(conv2d(x, w) * g)`` of a 3x3 convolution (32x32x32x32 to 64 channels) ran 1 s as
     one loop nest, 3 ms with the convolution stored (a GEMM) and summed after. A dot product without reuse (a row's
     ``(a * b).sum(-1)`` inside a mean) stays nested: that kernel reads its operands once either way."""
-    reds = b.kernel().reduces()
-    if len(reds) < 2:
-        return []
-    inner = {id(e) for e in ir.toposort([x for r in reds for x in r.srcs]) if e.op is Ops.REDUCE}
+    reds, inner = _reduce_nesting(b)
     return [b.reduce_class[r] for r in reds if id(r) in inner and r in b.reduce_class and _reuses_both(r) and
             _product_sum(computed_by(b.reduce_class[r]))]
 
