@@ -244,3 +244,19 @@ def test_scalar_fast_path_leaves_gradients_and_other_dtypes_to_the_general_path(
     assert (i * 2.5).numpy().tolist() == [2.5, 5.0]
     b = zyx.Tensor(np.array([True, False]))
     assert (b + 1).numpy().tolist() == [2, 1]
+
+
+def test_interned_classes_set_every_slot_the_constructors_set():
+    """``node._interned`` builds classes and nodes slot by slot, past their constructors: every slot either
+    constructor sets is set, to the value the constructor would give (a slot added to ``Class`` or ``Node`` and
+    forgotten there fails here)."""
+    x = _host([1.0, 2.0])
+    c = g.binary(Ops.ADD, x.cls, g.const(1.0, (2,), dtypes.float32, "host"))
+    ref = node.Class(c.shape, c.dtype, c.device, node.Node(Ops.ADD, c.nodes[0].srcs, None))
+    for name in (s for s in node.Class.__slots__ if s != "__weakref__"):
+        assert hasattr(c, name), name
+        if name not in ("nodes", "key"):
+            assert getattr(c, name) == getattr(ref, name), name
+    for name in node.Node.__slots__:
+        assert getattr(c.nodes[0], name) == getattr(ref.nodes[0], name), name
+    assert node._cache[c.key]() is c
