@@ -148,3 +148,28 @@ def test_nearest_integer_scales_take_integer_indices(mode, size, factor):
     o = int(np.floor(size * factor))
     step = resample._integer_step(size, o, 1.0 / factor, mode == "nearest-exact", "float32")
     assert (step is None) == (factor == 1.7), (size, o, step)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("size,out,align_corners", [(8, 16, False), (8, 16, True), (7, 21, False), (12, 6, False),
+                                                    (10, 17, False), (10, 17, True), (100, 173, True)])
+def test_linear_and_cubic_source_rows_in_integer_arithmetic(monkeypatch, mode, size, out, align_corners):
+    """Linear and cubic resampling take the floor of each source position as ``(i * mul + add) // div`` (the exact
+    fraction's floor, checked against PyTorch's float formula per output position) and give bit for bit the values
+    of the float formula's conversion; where float rounding lands below an exact integer (100 -> 173 with corners
+    aligned: the last row, 172 * float32(99 / 172), is 98.99999) the formula is refused and the float path runs."""
+    from zyx.nn import resample
+
+    x = _rng.standard_normal((1, 2, size, size)).astype(np.float32)
+
+    def run():
+        return F.interpolate(zyx.Tensor(x), size=(out, out), mode=mode, align_corners=align_corners).numpy()
+
+    rational = resample._rational_floor(size, out, resample._scale(size, out, None, align_corners), align_corners,
+                                        "float32")
+    assert (rational is None) == (size == 100), rational
+    got = run()
+    monkeypatch.setattr(resample, "_rational_floor", lambda *a: None)
+    np.testing.assert_array_equal(got, run())
+    want = TF.interpolate(torch.from_numpy(x), size=(out, out), mode=mode, align_corners=align_corners).numpy()
+    np.testing.assert_allclose(got, want, rtol=0, atol=3e-6)

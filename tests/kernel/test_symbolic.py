@@ -27,6 +27,10 @@ def evaluate(e: ir.Expr, env: dict) -> int:
         return a[0] // a[1]
     if e.op is Ops.MOD:
         return a[0] % a[1]
+    if e.op is Ops.MAX:
+        return max(a)
+    if e.op is Ops.MIN:
+        return min(a)
     raise AssertionError(e.op)
 
 
@@ -73,6 +77,23 @@ def test_reshape_roundtrip_is_identity(shape, data):
         back = back + i * stride
         stride *= s
     assert back is flat
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 9), st.integers(-12, 12), st.integers(-20, 20), st.integers(1, 9),
+       st.sampled_from([Ops.DIV, Ops.MOD]))
+def test_floor_division_of_a_signed_index_has_correct_bounds(n, a, b, c, op):
+    """``alu`` DIV / MOD of an index that may be negative (floor semantics, as the renderers' zyx_idiv / zyx_mod)
+    by a positive constant bound the result, so comparisons on it fold: the clamped integer source rows of a
+    linear resampling (``max((2i - 1) // 4, 0)``) need no range checks on their gathers."""
+    r = ir.range_(0, n)
+    e = ir.alu(op, r * a + b, ir.const(c, ir.index_dtype))
+    values = [evaluate(e, {r: i}) for i in range(n)]
+    assert e.vmin <= min(values) and max(values) <= e.vmax
+    clamped = ir.alu(Ops.MAX, e, ir.const(0, ir.index_dtype))
+    assert ir.alu(Ops.CMPLT, clamped, ir.const(0, ir.index_dtype)).arg is False
+    if op is Ops.MOD:
+        assert ir.alu(Ops.CMPLT, e, ir.const(c, ir.index_dtype)).arg is True
 
 
 def test_basic_rewrites():

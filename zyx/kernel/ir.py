@@ -379,6 +379,12 @@ def _bounds(op: Ops, dtype: DType, srcs: tuple[Expr, ...]) -> tuple | None:
         return min(a.vmin, srcs[1].vmin), min(a.vmax, srcs[1].vmax)
     if op is Ops.NEG and not dtype.is_unsigned:
         return -a.vmax, -a.vmin
+    if op in (Ops.DIV, Ops.MOD) and srcs[1].op is Ops.CONST and srcs[1].arg > 0:  # floor division and modulo
+        c = srcs[1].arg
+        if op is Ops.MOD:
+            return 0, (min(c - 1, a.vmax) if a.vmin >= 0 else c - 1)
+        if not any(isinstance(v, float) and not math.isfinite(v) for v in (a.vmin, a.vmax)):
+            return a.vmin // c, a.vmax // c
     return None
 
 
