@@ -26,7 +26,8 @@ def reference_order(row: np.ndarray, descending: bool) -> list[int]:
 
 
 def data(shape: tuple[int, ...], dtype: str, seed: int) -> np.ndarray:
-    """Values with many ties (and NaN for floats), so that the stable order matters."""
+    """Values with many ties (and NaN, both infinities and -0.0 beside 0.0 for floats, the dtype's extremes for
+    integers), so that the stable order matters."""
     rng = np.random.default_rng(seed)
     x = rng.integers(-3, 4, shape)
     if dtype == "bool":
@@ -35,7 +36,14 @@ def data(shape: tuple[int, ...], dtype: str, seed: int) -> np.ndarray:
         x = x.astype(np.float64) + (rng.random(shape) < 0.3) * 0.5
         x[rng.random(shape) < 0.1] = np.nan
         x[rng.random(shape) < 0.05] = -np.inf
-    return x.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+        x[rng.random(shape) < 0.05] = np.inf
+        x[(x == 0) & (rng.random(shape) < 0.5)] = -0.0
+        return x.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    info = np.iinfo(dtype)
+    x = x.astype(dtype)
+    x[rng.random(shape) < 0.05] = info.min
+    x[rng.random(shape) < 0.05] = info.max
+    return x
 
 
 @pytest.mark.parametrize("dtype,n,descending", [  # both directions where NaN or ties decide; one elsewhere
@@ -109,12 +117,14 @@ def test_each_stage_is_one_kernel():
 
 
 @pytest.mark.parametrize("dtype,n,k", [("float32", 100, 5), ("float64", 1000, 12), ("int32", 64, 4),
-                                       ("bool", 300, 3), ("float16", 200, 6)])
+                                       ("bool", 300, 3), ("float16", 200, 6), ("bfloat16", 64, 4),
+                                       ("int64", 128, 5), ("uint8", 64, 4)])
 @pytest.mark.parametrize("largest", [True, False])
 def test_small_topk_selects_in_sort_order(device, dtype, n, k, largest):
-    """A topk with few elements (``k`` at most a quarter of the network's stages) takes ``k`` selection passes
-    instead of the sort: the same positions as the stable sort's first ``k`` (ties by position, NaN first for the
-    largest and last for the smallest), along an inner axis too."""
+    """A topk with few elements (``k`` at most the network's stages) takes ``k`` selection passes instead of the
+    sort: the same positions as the stable sort's first ``k`` (ties by position, -0.0 equal to 0.0,
+    NaN first for the largest and last for the smallest; the integer extremes, which the passes also use as fill),
+    along an inner axis too."""
     from zyx import sorting
 
     levels = (n - 1).bit_length()
@@ -127,6 +137,22 @@ def test_small_topk_selects_in_sort_order(device, dtype, n, k, largest):
     np.testing.assert_array_equal(values.numpy(), np.take_along_axis(x, want, -1))
     inner = zyx.Tensor(np.ascontiguousarray(x.T), device=device).topk(k, dim=0, largest=largest)
     np.testing.assert_array_equal(inner.indices.numpy(), want.T)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int64"])
+@pytest.mark.parametrize("largest", [True, False])
+def test_large_topk_sorts(device, dtype, largest):
+    """A topk with more elements than the network has stages (12 of 16: 10 stages) takes the sort's first ``k``."""
+    from zyx import sorting
+
+    n, k = 16, 12
+    levels = (n - 1).bit_length()
+    assert k * sorting.SELECT_STAGE_FRACTION > levels * (levels + 1) // 2  # the network path
+    x = data((3, n), dtype, 11)
+    values, indices = zyx.Tensor(x, device=device).topk(k, largest=largest)
+    want = np.array([reference_order(row, largest)[:k] for row in x.astype(np.float64)])
+    np.testing.assert_array_equal(indices.numpy(), want)
+    np.testing.assert_array_equal(values.numpy(), np.take_along_axis(x, want, -1))
 
 
 def test_selected_topk_carries_gradients_as_torch(device):

@@ -1,16 +1,17 @@
 """Sorting: ``sort``, ``argsort`` and ``topk``, as a bitonic network of zyx ops (every backend, no host round trip).
 
 The sort axis moves last and is padded to a power of two ``P``; each of the ``log2(P) (log2(P) + 1) / 2`` stages
-pairs element ``i`` with element ``i ^ j`` and swaps the pairs the network's order wants, on keys (pad, value,
-position): padding after every element; then values in the asked order, NaN last ascending and first descending
-(as NumPy and PyTorch place it); then the original position. So equal values keep their order (the sort is
-stable, for either direction, as ``torch.sort(stable=True)``) and every result is deterministic.
+pairs element ``i`` with element ``i ^ j`` and swaps the pairs the network's order wants: padding after every
+element; then values in the asked order, NaN last ascending and first descending (as NumPy and PyTorch place it);
+then the original position. So equal values keep their order (the sort is stable, for either direction, as
+``torch.sort(stable=True)``) and every result is deterministic.
 
 Invariants:
 - Each stage is stored (``contiguous``): inlined, a stage would evaluate both of its input stage's elements per
   element, doubling the work with every stage.
-- Only positions travel through the network as results; the sorted values are the input gathered at them, so
-  they carry gradients as ``gather`` does (the positions carry none).
+- The network moves (key, tag) pairs (``_ordered``): NaN keys are infinities, told apart from the infinities by
+  their tags, so no compare sees a NaN; tags carry the positions. The sorted values are the input gathered at the
+  positions, so they carry gradients as ``gather`` does (the positions carry none).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import math
 from typing import NamedTuple
 
 from zyx import dtypes
-from zyx.tensor import Tensor, _norm_axis, cat, stack
+from zyx.tensor import Tensor, _norm_axis, cat
 
 
 class SortResult(NamedTuple):
@@ -29,17 +30,38 @@ class SortResult(NamedTuple):
     indices: Tensor
 
 
-def _before(va: Tensor, ia: Tensor, vb: Tensor, ib: Tensor, n: int, descending: bool) -> Tensor:
-    """Whether key (pad, value, position) ``a`` strictly precedes ``b``: positions ``>= n`` are padding."""
-    if va.dtype.is_float:
-        na, nb = va.isnan(), vb.isnan()
-        first = (va > vb) | (na & ~nb) if descending else (va < vb) | (nb & ~na)
-        same = (va == vb) | (na & nb)
+def _ordered(x: Tensor, size: int, descending: bool) -> tuple[Tensor, Tensor, int]:
+    """``(keys, tags, bits)`` for sorting ``x`` along its last axis, padded to ``size``: the sort's order is the keys'
+    order (descending or ascending), then ascending tags, and ``tags & (2**bits - 1)`` is each element's position.
+    NaN becomes an infinite key (no compare sees a NaN) tagged before every position (descending: NaN first) or
+    after (ascending: NaN last), so NaN and infinity stay apart; padding gets the last key, tagged after NaN."""
+    n = x.shape[-1]
+    lead = x.shape[:-1]
+    keys = x.detach()
+    if keys.dtype is dtypes.bool_:
+        keys = keys.cast(dtypes.int8)
+    bits = 30 if size <= 1 << 29 else 62
+    pos = Tensor.arange(size, dtype=dtypes.int32 if bits == 30 else dtypes.int64, device=x.device)
+    tags = pos.reshape((1,) * len(lead) + (size,)).expand(*lead, size)
+    shift = 1 << bits  # NaN's tag offset: below (descending) or above (ascending) every position
+    if keys.dtype.is_float:
+        nan = keys.isnan()
+        keys = nan.where(math.inf, keys)
+        nan_tag = nan.pad(((0, 0),) * len(lead) + ((0, size - n),)).where(-shift if descending else shift, 0)
+        tags = tags + nan_tag.cast(tags.dtype)
+        last = -math.inf if descending else math.inf
     else:
-        first = va > vb if descending else va < vb
-        same = va == vb
-    pa, pb = ia >= n, ib >= n
-    return (pb & ~pa) | ((pa == pb) & (first | (same & (ia < ib))))
+        last = dtypes.int_range(keys.dtype)[0 if descending else 1]
+    if size > n:
+        keys = keys.pad(((0, 0),) * len(lead) + ((0, size - n),), value=last)
+        if not descending:
+            tags = tags + (pos >= n).where(shift, 0).cast(tags.dtype)
+    return keys, tags, bits
+
+
+def _precedes(ka: Tensor, ta: Tensor, kb: Tensor, tb: Tensor, descending: bool) -> Tensor:
+    """Whether (key, tag) ``a`` comes strictly before ``b`` (``_ordered``'s order)."""
+    return (ka > kb if descending else ka < kb) | ((ka == kb) & (ta < tb))
 
 
 def _positions(x: Tensor, descending: bool) -> Tensor:
@@ -47,80 +69,56 @@ def _positions(x: Tensor, descending: bool) -> Tensor:
     n = x.shape[-1]
     size = 1 << max(0, (n - 1).bit_length())
     lead = x.shape[:-1]
-    keys = x.detach()
-    if keys.dtype is dtypes.bool_:
-        keys = keys.cast(dtypes.int8)
-    if size > n:
-        keys = keys.pad(((0, 0),) * len(lead) + ((0, size - n),))
-    pos = Tensor.arange(size, dtype=dtypes.int64, device=x.device).reshape((1,) * len(lead) + (size,))
-    pos = pos.expand(*lead, size)
+    keys, tags, bits = _ordered(x, size, descending)
     k = 2
     while k <= size:
         j = k // 2
         while j >= 1:
             blocks = size // (2 * j)
-            # the network sorts block a = i // (2 j) up (ascending) where bit k of its first position is clear
+            # the network sorts block a = i // (2 j) up (ascending) where bit k of its first position is clear;
+            # element i pairs with i ^ j: the same place in the other half of its block (a flip of the halves)
             first = Tensor.arange(blocks, dtype=dtypes.int64, device=x.device) * (2 * j)
-            up = ((first & k) == 0).reshape(blocks, 1)
+            up = ((first & k) == 0).reshape(blocks, 1, 1)
+            lower_up = (Tensor.arange(2, device=x.device) == 0).reshape(2, 1) == up
             v = keys.reshape(*lead, blocks, 2, j)
-            p = pos.reshape(*lead, blocks, 2, j)
-            v0, v1, p0, p1 = v[..., 0, :], v[..., 1, :], p[..., 0, :], p[..., 1, :]
-            swap = up.where(_before(v1, p1, v0, p0, n, descending), _before(v0, p0, v1, p1, n, descending))
-            keys = stack([swap.where(v1, v0), swap.where(v0, v1)], -2).reshape(*lead, size).contiguous()
-            pos = stack([swap.where(p1, p0), swap.where(p0, p1)], -2).reshape(*lead, size).contiguous()
+            t = tags.reshape(*lead, blocks, 2, j)
+            vp, tp = v.flip(-2), t.flip(-2)
+            # tags differ, so exactly one of a pair comes first; the lower half of an up block (the upper of a down
+            # one) keeps the first: each element takes its partner's when that is (is not) the first
+            take = _precedes(vp, tp, v, t, descending) == lower_up
+            keys = take.where(vp, v).reshape(*lead, size).contiguous()
+            tags = take.where(tp, t).reshape(*lead, size).contiguous()
             j //= 2
         k *= 2
-    return pos[..., :n] if size > n else pos
+    positions = (tags & ((1 << bits) - 1)).cast(dtypes.int64)
+    return positions[..., :n] if size > n else positions
 
 
 def _selected_positions(x: Tensor, k: int, descending: bool) -> Tensor:
     """The first ``k`` of ``_positions(x, descending)`` (int64, ``x``'s shape with ``k`` last), by ``k`` selection
-    passes over the last axis instead of the whole network: each pass takes the first remaining element in the
-    sort's order (the extreme value, NaN before every number descending and after every number ascending, the
-    lowest position among equals) and excludes it from the next passes by position. A pass reads the row
-    twice (the extreme, then its first position); with ``k`` compares per element at most, cheaper than the
-    network's ``log2(P) (log2(P) + 1) / 2`` stored stages while ``k`` is small (``topk``)."""
-    n = x.shape[-1]
-    keys = x.detach()
-    if keys.dtype is dtypes.bool_:
-        keys = keys.cast(dtypes.int8)
-    # int32 positions where they fit: compared beside 32-bit keys at the keys' vector width
-    pos = Tensor.arange(n, dtype=dtypes.int32 if n < 2**31 else dtypes.int64, device=x.device)
-    if keys.dtype.is_float:
-        nan = keys.isnan()
-        low, high = -math.inf, math.inf
-    else:
-        nan = None
-        low, high = dtypes.int_range(keys.dtype)
-    free: Tensor | None = None  # the elements not taken yet (None: all)
+    passes over the last axis instead of the whole network, while ``k`` is small (``topk``). Each pass takes the
+    first element in ``_ordered``'s order among those after the previous pass's pick (the extreme key, then its
+    lowest tag): two reductions and a few compares per element, whatever the pass."""
+    keys, tags, bits = _ordered(x, x.shape[-1], descending)
+    fill = (-math.inf if descending else math.inf) if keys.dtype.is_float else \
+        dtypes.int_range(keys.dtype)[0 if descending else 1]
+    no_tag = dtypes.int_range(tags.dtype)[1]
     taken = []
+    after = None  # the elements after the last pick in the order (None: every element)
     for _ in range(k):
-        # the candidates: numbers not taken yet (None: every element)
-        number = free if nan is None else ~nan if free is None else free & ~nan
-        if number is None:
-            best = keys.max(-1, keepdim=True) if descending else keys.min(-1, keepdim=True)
-            hit = keys == best
-        else:
-            fill = low if descending else high
-            best = (number.where(keys, fill).max(-1, keepdim=True) if descending
-                    else number.where(keys, fill).min(-1, keepdim=True))
-            hit = number & (keys == best)
-            if nan is not None:
-                left_nan = nan if free is None else free & nan
-                # descending: a NaN left goes first; ascending: NaN only once no number is left
-                nan_first = left_nan.any(-1, keepdim=True) if descending else ~number.any(-1, keepdim=True)
-                hit = nan_first.where(left_nan, hit)
-        first = hit.where(pos, n).min(-1, keepdim=True)
+        candidates = keys if after is None else after.where(keys, fill)
+        best = candidates.max(-1, keepdim=True) if descending else candidates.min(-1, keepdim=True)
+        hit = keys == best if after is None else after & (keys == best)
+        first = hit.where(tags, no_tag).min(-1, keepdim=True)
         taken.append(first)
-        other = pos != first
-        free = other if free is None else free & other
-    return cat(taken, -1).cast(dtypes.int64)
+        after = _precedes(best, first, keys, tags, descending)
+    return (cat(taken, -1) & ((1 << bits) - 1)).cast(dtypes.int64)
 
 
-# ``topk`` selects (``_selected_positions``) while ``k`` passes cost less than the sorting network's stages: k at
-# most a quarter of them (2048 elements: 66 stages, k <= 16). topk(8) of 2048x2048 float32: 785 ms sorted, 23 ms
-# selected
-SELECT_STAGE_FRACTION = 4
+# ``topk`` selects (``_selected_positions``) while ``k`` is at most the sorting network's stages: a pass (two
+# reductions) costs less than a stage (a full read and write of keys and tags). Float32 on 2 cores: 2048x2048
+# k=66 (= its stages) 41 ms selected, 128 sorted; 64x1000 k=55 4.8 against 8.0; 64x1000 k=110 9.9 against 7.9
+SELECT_STAGE_FRACTION = 1
 
 
 def argsort(x: Tensor, dim: int = -1, descending: bool = False, stable: bool = True) -> Tensor:

@@ -464,6 +464,9 @@ _PHASE_CASES = {
     # pixel shuffle by 2: t // 2 and t % 2 of a permuted reshape
     "pixel shuffle": (lambda x, w: x.reshape(2, 3, 1, 1, 6, 8).expand(2, 3, 2, 2, 6, 8).permute(0, 1, 4, 2, 5, 3)
                       .reshape(2, 3, 12, 16) * 2.0, 4),
+    # a sorting network's exchange of element t with t ^ 2 (halves of blocks of 4 flipped): t // 4, t // 2 % 2 and
+    # t % 2; unrolled by 2, a // 2 and a % 2 would remain, so by 4 (a 2048^2 sort: 1.6 ms such a stage, not 8.8)
+    "pair exchange": (lambda x, w: x.reshape(2, 3, 12, 2, 2).flip(-2).reshape(2, 3, 48) * 2.0, 4),
 }
 
 

@@ -202,16 +202,16 @@ def unroll_divmod_loops(k: Kernel) -> Kernel:
     copies = 1
     for r in reversed(k.loops):
         cs = {c: n for c, n in _phase_divisors(k, r).items() if 1 < c <= UNROLL_DIVMOD_COPIES // copies}
-        if not cs:
-            continue
-        c = max(cs, key=lambda x: (cs[x], x))
-        if r.arg[1] % c or r.arg[1] // c < 2:
-            continue
-        a, stores = _unrolled(k, r, c)
-        cand = replace(k, loops=tuple(a if x is r else x for x in k.loops), stores=stores)
-        if c in _phase_divisors(cand, a):
-            continue
-        k, copies = cand, copies * c
+        # the most used divisor first; a larger one where the smaller leaves divisions (r // 2 % 2 beside r // 4
+        # and r % 2: unrolled by 2, a // 2 and a % 2 remain; by 4, nothing)
+        for c in sorted(cs, key=lambda x: (cs[x], x), reverse=True):
+            if r.arg[1] % c or r.arg[1] // c < 2:
+                continue
+            a, stores = _unrolled(k, r, c)
+            cand = replace(k, loops=tuple(a if x is r else x for x in k.loops), stores=stores)
+            if c not in _phase_divisors(cand, a):
+                k, copies = cand, copies * c
+                break
     return k
 
 
