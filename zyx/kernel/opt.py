@@ -195,7 +195,9 @@ def unroll_divmod_loops(k: Kernel) -> Kernel:
     ``r = c * a + u`` for each constant ``u``, so the division and the remainder fold, the gates that picked one
     phase per output are decided, and each of the ``c`` copies of the stores loads its own phase, contiguously
     along ``a``. Elementwise kernels only (no reduce, scan or stash), innermost loops first, at most
-    ``UNROLL_DIVMOD_COPIES`` copies in all; a loop is left alone unless unrolling removes its divisions by ``c``."""
+    ``UNROLL_DIVMOD_COPIES`` copies in all; a loop is left alone unless unrolling removes its divisions by ``c``.
+    An innermost loop that would keep fewer than ``SPLIT_MIN_INNER`` iterations is unrolled whole (the vector loop
+    becomes the next one out, not a loop of 2)."""
     if k.then or k.gemm is not None or k.vector_acc is not None or k.reduces() or k.scan_ranges() or \
             any(e.op in (Ops.STASH, Ops.LOCAL) for e in ir.toposort(_all_roots(k))):
         return k
@@ -207,9 +209,12 @@ def unroll_divmod_loops(k: Kernel) -> Kernel:
         for c in sorted(cs, key=lambda x: (cs[x], x), reverse=True):
             if r.arg[1] % c or r.arg[1] // c < 2:
                 continue
+            if r is k.loops[-1] and r.arg[1] // c < SPLIT_MIN_INNER and r.arg[1] * copies <= UNROLL_DIVMOD_COPIES:
+                c = r.arg[1]  # the innermost loop would be too short to vectorize: unroll it whole
             a, stores = _unrolled(k, r, c)
-            cand = replace(k, loops=tuple(a if x is r else x for x in k.loops), stores=stores)
-            if c not in _phase_divisors(cand, a):
+            loops = tuple(a if x is r else x for x in k.loops if x is not r or a.op is Ops.RANGE)
+            cand = replace(k, loops=loops, stores=stores)
+            if a.op is not Ops.RANGE or c not in _phase_divisors(cand, a):
                 k, copies = cand, copies * c
                 break
     return k
