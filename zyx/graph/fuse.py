@@ -246,7 +246,8 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
             # a class's reduce placed in the loops of several other reduces (attention's scores, read by the
             # softmax's max, its sum and the weighted sum) is one reduce per place, each with its own ranges
             runs: dict[Class, int] = {}
-            for e, factor in recompute_factors(b.kernel()).items():
+            values = {e: rc.numel for e, rc in b.reduce_class.items()}
+            for e, factor in recompute_factors(b.kernel(), values).items():
                 rc = b.reduce_class[e]
                 runs[rc] = runs.get(rc, 0) + factor
             for rc, factor in b.recomputed.items():  # found while lowering: the draft loads them already

@@ -144,15 +144,15 @@ class KernelBuilder:
             self._memo[key] = e
         return e
 
-    def _rerun_factor(self, idx: tuple[Expr, ...]) -> int:
-        """How often a reduce lowered at ``idx`` inside the reduces being lowered would run per distinct value:
-        placed in the innermost loop its index depends on, it runs once per iteration of that loop and the loops
-        around it (``recompute_factors`` on the finished kernel)."""
+    def _rerun_factor(self, idx: tuple[Expr, ...], values: int) -> int:
+        """How often a reduce of ``values`` elements lowered at ``idx`` inside the reduces being lowered would run
+        per distinct value: placed in the innermost loop its index depends on, it runs once per iteration of that
+        loop and the loops around it (``recompute_factors`` on the finished kernel)."""
         loops = [*(self.loop_order or self.loops), *self._reduce_ranges]
         deps = {r for x in idx for r in x.ranges}
         deepest = max((i for i, r in enumerate(loops) if r in deps), default=-1)
         runs = math.prod(r.arg[1] for r in loops[:deepest + 1])
-        return runs // max(math.prod(r.arg[1] for r in loops if r in deps), 1)
+        return runs // max(min(math.prod(r.arg[1] for r in loops if r in deps), values), 1)
 
     def _compute(self, c: Class, idx: tuple[Expr, ...], gate: Expr | None) -> Expr:  # noqa: C901
         node = c.node
@@ -176,7 +176,7 @@ class KernelBuilder:
         if op is Ops.REDUCE:
             rop, axes = arg
             src = srcs[0]
-            if self._reduce_ranges and c not in self.stored and (factor := self._rerun_factor(idx)) > 1:
+            if self._reduce_ranges and c not in self.stored and (factor := self._rerun_factor(idx, c.numel)) > 1:
                 self.recomputed[c] = factor
                 return ir.load(self._param(c, "in"), c.dtype, ravel(idx, c.shape), gate)
             new = list(idx)
@@ -289,16 +289,21 @@ def _signed_zero(x: Expr) -> Expr:
     return ir.where(neg, ir.const(-0.0, d), zero)
 
 
-def recompute_factors(k: ir.Kernel) -> dict[Expr, int]:
-    """For each reduce: how many times LICM placement runs it per distinct value (1 = no recomputation)."""
+def recompute_factors(k: ir.Kernel, values: dict[Expr, int] | None = None) -> dict[Expr, int]:
+    """For each reduce: how many times LICM placement runs it per distinct value (1 = no recomputation). The
+    distinct values are at most the iterations of the loops it depends on and, where ``values`` gives it, the
+    reduce's own element count: a group's mean that the loops reach through a division of their flat index (group
+    norm: ``(c * hw + i) // (c * hw / groups)``) depends on every loop, yet has one value per group."""
     out: dict[Expr, int] = {}
+    values = values or {}
 
     def walk(block: Block, enclosing: tuple[Expr, ...]) -> None:
         for s in block.stmts:
             if isinstance(s, Reduce):
                 runs = math.prod(r.arg[1] for r in enclosing)
                 for e in s.exprs:
-                    out[e] = runs // max(math.prod(r.arg[1] for r in e.ranges), 1)
+                    distinct = math.prod(r.arg[1] for r in e.ranges)
+                    out[e] = runs // max(min(distinct, values.get(e, distinct)), 1)
                 walk(s.loop.body, enclosing + (s.loop.range,))
         if block.inner is not None:
             walk(block.inner.body, enclosing + (block.inner.range,))

@@ -76,10 +76,13 @@ def drop_unit_loops(k: Kernel) -> Kernel:
 
 
 def _affine_in(roots: list[Expr], r: Expr) -> bool:
-    for e in ir.toposort(roots):
-        if e.op in (Ops.DIV, Ops.MOD) and e.dtype.is_int and r in e.srcs[0].ranges:
-            return False
-    return True
+    return not _divmods_of(roots, (r,))
+
+
+def _divmods_of(roots: list[Expr], ranges: tuple[Expr, ...]) -> int:
+    """How many integer divisions and remainders under ``roots`` see any of ``ranges``."""
+    return sum(e.op in (Ops.DIV, Ops.MOD) and e.dtype.is_int and any(r in e.srcs[0].ranges for r in ranges)
+               for e in ir.toposort(roots))
 
 
 def merge_loops(k: Kernel) -> Kernel:
@@ -96,7 +99,9 @@ def merge_loops(k: Kernel) -> Kernel:
         merged = ir.range_(next_id, a.arg[1] * nb)
         cand = _substitute_kernel(k, {a: merged // nb, b: merged % nb},
                                   tuple(loops[:i]) + (merged,) + tuple(loops[i + 2:]))
-        if _affine_in(_all_roots(cand), merged):
+        # merged when every division the merge makes folds (a division the two loops reach already may stay:
+        # a group's index (c * hw + i) // (hw * c / g) over merged loops is one split_divmod_loops can split)
+        if _divmods_of(_all_roots(cand), (merged,)) <= _divmods_of(_all_roots(k), (a, b)):
             k = cand
             loops = list(cand.loops)
             next_id += 1
