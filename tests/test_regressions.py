@@ -13,6 +13,7 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
+from conftest import kernels_of
 
 import zyx
 from zyx import debug, dtypes
@@ -126,6 +127,25 @@ def test_group_norm_computes_each_group_statistic_once(monkeypatch):
     g = x.reshape(2, 4, -1).astype(np.float64)
     want = ((g - g.mean(-1, keepdims=True)) / np.sqrt(g.var(-1, keepdims=True) + 1e-5)).reshape(x.shape)
     np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_whole_tensor_variance_splits_both_sums_across_threads(monkeypatch):
+    """``x.std()``: the mean nested in the sum of squares made one kernel without output loops, which runs one
+    thread (only a lone reduce splits): 10.6 ms for 4096^2 (torch 5.4). The mean is stored, and both sums split."""
+    from zyx import utils
+    from zyx.graph import schedule
+    from zyx.kernel import opt
+    from zyx.kernel.target import DeviceInfo
+
+    monkeypatch.setattr(utils, "KERNEL_LOG", [])
+    schedule.clear_cache()
+    x = np.random.default_rng(1).standard_normal((256, 512)).astype(np.float32) + 3.0
+    y = zyx.Tensor(x).std()
+    debug.schedule(y)
+    kernels = [opt.optimize(k, DeviceInfo("host", "host", compute_units=2)) for k in utils.KERNEL_LOG]
+    assert len(kernels) == 2 and all(k.split_reduce for k in kernels)
+    np.testing.assert_allclose(y.numpy(), x.astype(np.float64).std(), rtol=1e-5)
+    assert len(kernels_of(zyx.Tensor(x[:8, :8]).std())) == 1  # a small one stays one kernel
 
 
 # ---- integer bounds in the kernel IR --------------------------------------------------------------------------

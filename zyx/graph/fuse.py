@@ -18,6 +18,7 @@ Invariants:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ from zyx.backends.base import BackendError, ErrorStatus
 from zyx.graph.lower import KernelBuilder, recompute_factors
 from zyx.graph.node import Class, Node
 from zyx.kernel import ir
+from zyx.kernel.opt import SPLIT_REDUCE_MIN
 from zyx.ops import ELEMENTWISE, MOVEMENT, TRANSCENDENTAL, Ops
 from zyx.utils import log
 
@@ -262,6 +264,11 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
                     stored.add(rc)
                     grew = True
                     log("sched", f"store {rc!r}: a contraction beside other reduces in one kernel is not tiled")
+            for rc in _nested_full_reduces(b):
+                if rc not in stored:
+                    stored.add(rc)
+                    grew = True
+                    log("sched", f"store {rc!r}: a kernel without output loops splits only a lone reduce")
             for rc in _nested_contractions(b, computed_by):
                 if rc not in stored:
                     stored.add(rc)
@@ -384,6 +391,17 @@ def _reduce_nesting(b: KernelBuilder) -> tuple[list[ir.Expr], set[int]]:
     if len(reds) < 2:
         return reds, set()
     return reds, {id(e) for e in ir.toposort([x for r in reds for x in r.srcs]) if e.op is Ops.REDUCE}
+
+
+def _nested_full_reduces(b: KernelBuilder) -> list[Class]:
+    """The reduces nested in another reduce of a kernel without output loops (a whole tensor's variance: its mean
+    inside the sum of squares), of at least ``SPLIT_REDUCE_MIN`` elements: such a kernel runs on one thread (only a
+    lone reduce splits across threads), 10.6 ms for the std of 4096^2 (torch 5.4). Stored, each splits."""
+    if b.kernel().loops:
+        return []
+    reds, inner = _reduce_nesting(b)
+    return [b.reduce_class[r] for r in reds if id(r) in inner and r in b.reduce_class and
+            math.prod(x.arg[1] for x in r.arg[1]) >= SPLIT_REDUCE_MIN]
 
 
 def _side_by_side_contractions(b: KernelBuilder, computed_by: Callable[[Class], Node]) -> list[Class]:
