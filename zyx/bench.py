@@ -277,6 +277,58 @@ def cumsum(args) -> Row:
     return row
 
 
+def _ops_row(name: str, args, zyx_fn: Callable[[], object], torch_fn: Callable[[object], Callable[[], object]],
+             arrays: list[np.ndarray]) -> Row:
+    """An op beside PyTorch's (when installed): ``torch_fn`` maps the torch tensors of ``arrays`` to a call."""
+    row = Row(name, median_ms(zyx_fn, args.repeats))
+    torch = _torch()
+    if torch is not None:
+        fn = torch_fn(torch, *[torch.from_numpy(a.copy()) for a in arrays])
+        row.refs["torch"] = median_ms(fn, args.repeats)
+    return row
+
+
+@case
+def sort_rows(args) -> Row:
+    """A stable sort along rows (the bitonic network of ``zyx.sorting``)."""
+    n = 1 << (args.scale // 2 + 1)  # 2048 at the default scale
+    x = np.random.default_rng(2).standard_normal((n, n)).astype(np.float32)
+    X = zyx.Tensor(x).realize()
+    return _ops_row(f"sort rows {n}x{n} f32", args, lambda: X.sort(-1)[0].realize(),
+                    lambda torch, t: lambda: torch.sort(t, dim=-1, stable=True), [x])
+
+
+@case
+def topk_rows(args) -> Row:
+    """topk(8) along rows (``zyx.sorting``'s selection passes)."""
+    n = 1 << (args.scale // 2 + 1)
+    x = np.random.default_rng(3).standard_normal((n, n)).astype(np.float32)
+    X = zyx.Tensor(x).realize()
+    return _ops_row(f"topk(8) rows {n}x{n} f32", args, lambda: X.topk(8, -1)[0].realize(),
+                    lambda torch, t: lambda: torch.topk(t, 8, -1), [x])
+
+
+@case
+def upsample_bilinear(args) -> Row:
+    side = 1 << (args.scale // 2 - 3)  # 128 at the default scale
+    x = np.random.default_rng(4).standard_normal((8, 64, side, side)).astype(np.float32)
+    X = zyx.Tensor(x).realize()
+    return _ops_row(f"bilinear 2x upsampling 8x64x{side}x{side} f32", args,
+                    lambda: zyx.nn.functional.interpolate(X, scale_factor=2, mode="bilinear").realize(),
+                    lambda torch, t: lambda: torch.nn.functional.interpolate(t, scale_factor=2, mode="bilinear"),
+                    [x])
+
+
+@case
+def group_norm(args) -> Row:
+    side = 7 << max(args.scale // 2 - 7, 0)  # 56 at the default scale
+    x = np.random.default_rng(5).standard_normal((16, 64, side, side)).astype(np.float32)
+    X = zyx.Tensor(x).realize()
+    return _ops_row(f"group_norm 8 groups 16x64x{side}x{side} f32", args,
+                    lambda: zyx.nn.functional.group_norm(X, 8).realize(),
+                    lambda torch, t: lambda: torch.nn.functional.group_norm(t, 8), [x])
+
+
 @case
 def softmax(args) -> Row:
     x, X = _square(args)
