@@ -330,6 +330,32 @@ def group_norm(args) -> Row:
 
 
 @case
+def embedding_backward(args) -> Row:
+    """The weight gradient of an embedding lookup (``opt.scatter_one_hot``: added at the looked-up rows)."""
+    rng = np.random.default_rng(6)
+    v, d = 30000, 256
+    w = rng.standard_normal((v, d)).astype(np.float32)
+    idx = rng.integers(0, v, (64, 128))
+    g = rng.standard_normal((64, 128, d)).astype(np.float32)
+    W, I, G = zyx.Tensor(w, requires_grad=True), zyx.Tensor(idx), zyx.Tensor(g).realize()
+
+    def step() -> None:
+        W.grad = None
+        (zyx.nn.functional.embedding(I, W) * G).sum().backward()
+        W.grad.realize()
+
+    def torch_step(torch, wt, it, gt):
+        wt.requires_grad_()
+
+        def run() -> None:
+            wt.grad = None
+            (torch.nn.functional.embedding(it, wt) * gt).sum().backward()
+        return run
+
+    return _ops_row(f"embedding {v}x{d} backward, 64x128 lookups f32", args, step, torch_step, [w, idx, g])
+
+
+@case
 def softmax(args) -> Row:
     x, X = _square(args)
 

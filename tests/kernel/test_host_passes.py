@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 PASSES = ("column_block", "block_vector_reduce", "stash_row_values", "split_divmod_loops", "unroll_divmod_loops",
-          "unroll_reduce", "upcast_rows", "transpose", "prefetch", "prefetch_streams")
+          "unroll_reduce", "upcast_rows", "transpose", "prefetch", "prefetch_streams", "scatter")
 HOST2 = DeviceInfo("host", "host", compute_units=2)
 
 
@@ -635,3 +635,89 @@ def test_stream_prefetch_skips_gated_and_gathered_loads(monkeypatch):
     # the index stream itself is contiguous along the sum: it, not the gathered input, is prefetched
     assert opt.prefetch_streams(kernel(gather)).stream_prefetch.params == (2,)
     assert opt.prefetch_streams(replace(plain, reduce_lanes=0)).stream_prefetch is None
+
+
+# ---- one-hot sums as scatters ------------------------------------------------------------------------------------
+
+
+def _scatters(fn) -> list[Kernel]:
+    return [ko for ko in (opt.optimize(k, HOST2) for k in _kernels(fn))
+            if any(part.scatter is not None for part in (ko, *ko.then))]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_one_hot_sums_add_at_their_rows(dtype):
+    """``scatter_one_hot``: an embedding's and an index_select's gradients (one-hot sums over the lookups) zero the
+    output, then add each lookup's row at the row its index picks (negative indices from the end, repeats adding
+    up), in lookup order: np.add.at's values; the same within rounding with the pass off (a double accumulator)."""
+    rng = np.random.default_rng(11)
+    w = rng.standard_normal((50, 8)).astype(dtype)
+    idx = rng.integers(-50, 50, (6, 7))
+    idx[0, :3] = 4  # repeats
+    g = rng.standard_normal((6, 7, 8)).astype(dtype)
+    x = rng.standard_normal((3, 40, 5)).astype(dtype)
+    sel = rng.integers(0, 40, 30)
+    gs = rng.standard_normal((3, 30, 5)).astype(dtype)
+
+    def grads():
+        W, X = zyx.Tensor(w, requires_grad=True), zyx.Tensor(x, requires_grad=True)
+        loss = (zyx.nn.functional.embedding(zyx.Tensor(idx), W) * zyx.Tensor(g)).sum() + \
+            (X.index_select(1, zyx.Tensor(sel)) * zyx.Tensor(gs)).sum()
+        loss.backward()
+        return [W.grad.numpy(), X.grad.numpy()]
+
+    want_w, want_x = np.zeros_like(w, np.float64), np.zeros_like(x, np.float64)
+    np.add.at(want_w, idx.reshape(-1) % 50, g.reshape(-1, 8))
+    np.add.at(want_x, (slice(None), sel), gs)
+    on = _run(grads)
+    tol = 1e-5 if dtype == "float32" else 1e-12
+    np.testing.assert_allclose(on[0], want_w, rtol=tol, atol=tol)
+    np.testing.assert_allclose(on[1], want_x, rtol=tol, atol=tol)
+    off = _run(grads, ("scatter",))
+    for a, b in zip(on, off):
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+    assert len(_scatters(grads)) == 2
+
+
+def test_one_hot_sums_scatter_only_what_they_can():
+    """A one-hot sum whose index varies along another output axis (take_along_axis's gradient), or over fewer than
+    ``SCATTER_MIN_TARGETS`` rows, keeps its compare-every-row reduce; the values are right either way."""
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((4, 30)).astype(np.float32)
+    idx = rng.integers(0, 30, (4, 6))
+    small = rng.standard_normal((4, 3)).astype(np.float32)
+
+    def grads():
+        X, S = zyx.Tensor(x, requires_grad=True), zyx.Tensor(small, requires_grad=True)
+        (X.gather(1, zyx.Tensor(idx)).sum() + S[:, zyx.Tensor(np.array([2, 0, 2]))].sum()).backward()
+        return [X.grad.numpy(), S.grad.numpy()]
+
+    assert _scatters(grads) == []
+    gx, gs = _run(grads)
+    want = np.zeros_like(x)
+    np.add.at(want, (np.arange(4)[:, None], idx), 1.0)
+    np.testing.assert_array_equal(gx, want)
+    np.testing.assert_array_equal(gs, np.tile(np.array([1.0, 0.0, 2.0], np.float32), (4, 1)))
+
+
+def test_one_hot_sum_feeding_an_update_gets_a_kernel_of_its_own():
+    """An SGD step on an embedding: fusion would inline the weight's one-hot gradient into the update kernel (a
+    compare per row for every element: 1.29 s a step at 30000 rows); it stores the sum instead (a kernel of its own,
+    which scatters), and the update reads it. Values against NumPy's np.add.at."""
+    rng = np.random.default_rng(13)
+    w0 = rng.standard_normal((40, 6)).astype(np.float32)
+    idx = rng.integers(0, 40, (5, 9))
+    g = rng.standard_normal((5, 9, 6)).astype(np.float32)
+
+    def step():
+        emb = zyx.nn.Embedding(40, 6)
+        emb.weight.assign(zyx.Tensor(w0))
+        sgd = zyx.optim.SGD(emb.parameters(), lr=0.5)
+        (emb(zyx.Tensor(idx)) * zyx.Tensor(g)).sum().backward()
+        sgd.step()
+        return emb.weight.numpy()
+
+    grad = np.zeros((40, 6), np.float64)
+    np.add.at(grad, idx.reshape(-1), g.reshape(-1, 6))
+    np.testing.assert_allclose(_run(step)[0], w0 - 0.5 * grad, rtol=1e-5, atol=1e-5)
+    assert len(_scatters(step)) == 1

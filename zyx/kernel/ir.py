@@ -630,6 +630,19 @@ class StreamPrefetch:
 
 
 @dataclass(frozen=True)
+class Scatter:
+    """A one-hot sum turned around (``opt.scatter_one_hot``): ``out[v, o] = sum over ranges of x where index == v``
+    runs as ``out[index, o] += x`` for each iteration of ``ranges`` in order, the kernel's loops (the output's other
+    axes ``o``) inside, after a segment that zeroes the output; an ``index`` outside ``[0, target's extent)`` adds
+    nowhere. Work: the sum's iterations times the other axes, not also times the target's extent."""
+
+    target: Expr  # the output loop the one-hot compare matched (named by the index while the stores run)
+    index: Expr  # the target row of each iteration of ``ranges`` (depends on nothing else)
+    ranges: tuple[Expr, ...]  # the sum's ranges, outermost first, run in order on one thread
+    value: Expr  # what one iteration adds at (index, o)
+
+
+@dataclass(frozen=True)
 class Kernel:
     """One launch: loops (outer first) over which every store runs, and the stores.
 
@@ -658,6 +671,7 @@ class Kernel:
     prefetch: tuple[Prefetch, ...] = ()  # next iteration's input blocks fetched ahead (``prefetch_blocks``)
     stream_prefetch: StreamPrefetch | None = None  # long sums' inputs fetched ahead (``prefetch_streams``)
     then: tuple[Kernel, ...] = ()  # further loop nests over the same params, run after this one in one launch
+    scatter: Scatter | None = None  # this segment adds into its output at computed rows (``opt.scatter_one_hot``)
     launch: Geometry | None = None
 
     @property

@@ -593,6 +593,8 @@ class CRenderer(CStyleRenderer):
                 lines.append("  {")
                 if part.gemm is not None:
                     lines.extend(self.render_gemm(part, part.gemm, "    "))
+                elif part.scatter is not None:
+                    lines.extend(self.render_scatter(part, part.scatter, "    "))
                 else:
                     emit_block(linearize(part), "    ")
                 lines.append("  }")
@@ -626,6 +628,53 @@ class CRenderer(CStyleRenderer):
                     if first is not e.srcs[0]:
                         return True
         return False
+
+    def render_scatter(self, k: Kernel, sc: ir.Scatter, ind: str) -> list[str]:
+        """``opt.scatter_one_hot``'s adding segment: the sum's ranges in order (one thread), the target row of each
+        iteration named as the target loop's variable, then the kernel's other loops (the innermost vectorized:
+        one row's elements are distinct) adding ``value`` into the store's element."""
+        (st,) = k.stores
+        p = k.params[st.param]
+        lines: list[str] = []
+        name: dict[Expr, str] = {}
+
+        def n(x: Expr) -> str:
+            return self.operand_namer(x, name)(x)
+
+        def define(roots: list[Expr], at: str) -> None:
+            for e in ir.toposort(roots):
+                if e not in name and e.op not in (Ops.CONST, Ops.RANGE):
+                    nm = f"s{len(name)}"
+                    lines.append(f"{at}const {self.reg_type(e.dtype)} {nm} = {self.expr(e, name, k.params)};")
+                    name[e] = nm
+
+        def loop(r: Expr, at: str) -> None:
+            v = f"r{r.arg[0]}"
+            lines.append(f"{at}for ({self.index_type} {v} = 0; {v} < {r.arg[1]}; {v}++) {{")
+
+        at = ind
+        for r in sc.ranges:
+            loop(r, at)
+            at += "  "
+        define([sc.index], at)
+        t = f"r{sc.target.arg[0]}"
+        lines.append(f"{at}const {self.index_type} {t} = {n(sc.index)};")
+        lines.append(f"{at}if ({t} >= 0 && {t} < {sc.target.arg[1]}) {{")
+        depth = len(sc.ranges) + 1
+        at += "  "
+        for i, r in enumerate(k.loops):
+            if i == len(k.loops) - 1:
+                lines.append(f"{at}#pragma omp simd")
+            loop(r, at)
+            at += "  "
+        depth += len(k.loops)
+        define([st.index, sc.value], at)
+        dst = f"p{st.param}[{n(st.index)}]"
+        lines.append(f"{at}{dst} = {self.to_storage(f'{self.from_storage(dst, p.dtype)} + {n(sc.value)}', p.dtype)};")
+        for _ in range(depth):
+            at = at[:-2]
+            lines.append(f"{at}}}")
+        return lines
 
     def render_gemm(self, k: Kernel, g: GemmTile, ind: str) -> list[str]:
         """The loop nest of a register-tiled contraction (``opt.GemmTile`` ``g``): inside one parallel region,
