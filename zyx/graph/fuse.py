@@ -256,31 +256,18 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
                 runs[rc] = runs.get(rc, 0) + factor
             for rc, factor in b.recomputed.items():  # found while lowering: the draft loads them already
                 runs[rc] = max(runs.get(rc, 0), factor)
-            for rc, factor in runs.items():
-                if factor > 1 and rc not in stored:
-                    stored.add(rc)
-                    grew = True
-                    log("sched", f"store {rc!r}: its kernel would recompute it {factor}x")
-            for rc in _side_by_side_contractions(b, computed_by):
+            why = [(rc, f"its kernel would recompute it {factor}x") for rc, factor in runs.items() if factor > 1]
+            why += [(rc, "a contraction beside other reduces in one kernel is not tiled")
+                    for rc in _side_by_side_contractions(b, computed_by)]
+            why += [(rc, "a one-hot sum of its own kernel adds at its rows instead") for rc in _one_hot_sums(b)]
+            why += [(rc, "a kernel without output loops splits only a lone reduce") for rc in _nested_full_reduces(b)]
+            why += [(rc, "a contraction inside another reduce's loops is not tiled")
+                    for rc in _nested_contractions(b, computed_by)]
+            for rc, reason in why:
                 if rc not in stored:
                     stored.add(rc)
                     grew = True
-                    log("sched", f"store {rc!r}: a contraction beside other reduces in one kernel is not tiled")
-            for rc in _one_hot_sums(b):
-                if rc not in stored:
-                    stored.add(rc)
-                    grew = True
-                    log("sched", f"store {rc!r}: a one-hot sum of its own kernel adds at its rows instead")
-            for rc in _nested_full_reduces(b):
-                if rc not in stored:
-                    stored.add(rc)
-                    grew = True
-                    log("sched", f"store {rc!r}: a kernel without output loops splits only a lone reduce")
-            for rc in _nested_contractions(b, computed_by):
-                if rc not in stored:
-                    stored.add(rc)
-                    grew = True
-                    log("sched", f"store {rc!r}: a contraction inside another reduce's loops is not tiled")
+                    log("sched", f"store {rc!r}: {reason}")
             result.append(KernelGroup(group, b, d))
         if not grew:
             return Fusion(stored, aliases, sorted(result, key=lambda g: g.depth), class_depth)
