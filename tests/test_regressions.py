@@ -148,6 +148,32 @@ def test_a_whole_tensor_variance_splits_both_sums_across_threads(monkeypatch):
     assert len(kernels_of(zyx.Tensor(x[:8, :8]).std())) == 1  # a small one stays one kernel
 
 
+def test_a_mean_of_row_reductions_runs_its_rows_in_parallel(monkeypatch):
+    """A mean cross-entropy nests each row's max and log-sum-exp in the mean over rows, in one kernel without
+    output loops: one thread (1.85 ms for 4096x1000, torch 1.18). The row reduces are stored (kernels over the
+    rows, in parallel) and the mean sums their values: 1.03 ms."""
+    from zyx import utils
+    from zyx.graph import schedule
+    from zyx.kernel import opt
+    from zyx.kernel.target import DeviceInfo
+
+    monkeypatch.setattr(utils, "KERNEL_LOG", [])
+    schedule.clear_cache()
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((256, 200)).astype(np.float32)
+    t = rng.integers(0, 200, 256)
+    y = zyx.nn.functional.cross_entropy(zyx.Tensor(x), zyx.Tensor(t))
+    debug.schedule(y)
+    kernels = [opt.optimize(k, DeviceInfo("host", "host", compute_units=2)) for k in utils.KERNEL_LOG]
+    *rows, last = kernels
+    assert rows and all(k.parallel for k in rows)
+    nested = [e for r in last.reduces() for e in ir.toposort([r.srcs[0]]) if e.op is Ops.REDUCE]
+    assert nested == []  # the mean (and the count of valid targets beside it) sums values loaded per row
+    xd = x.astype(np.float64)
+    lse = np.log(np.exp(xd - xd.max(1, keepdims=True)).sum(1)) + xd.max(1)
+    np.testing.assert_allclose(y.numpy(), (lse - xd[np.arange(256), t]).mean(), rtol=1e-5)
+
+
 # ---- integer bounds in the kernel IR --------------------------------------------------------------------------
 
 

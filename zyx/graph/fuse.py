@@ -400,13 +400,20 @@ def _one_hot_sums(b: KernelBuilder) -> list[Class]:
 
 def _nested_full_reduces(b: KernelBuilder) -> list[Class]:
     """The reduces nested in another reduce of a kernel without output loops (a whole tensor's variance: its mean
-    inside the sum of squares), of at least ``SPLIT_REDUCE_MIN`` elements: such a kernel runs on one thread (only a
-    lone reduce splits across threads), 10.6 ms for the std of 4096^2 (torch 5.4). Stored, each splits."""
+    inside the sum of squares; a mean cross-entropy: each row's log-sum-exp inside the mean over rows), when they
+    run at least ``SPLIT_REDUCE_MIN`` iterations in all: such a kernel runs on one thread (only a lone reduce splits
+    across threads), 10.6 ms for the std of 4096^2 (torch 5.4). Stored, each is a kernel of its own that runs in
+    parallel (split, or over its rows)."""
     if b.kernel().loops:
         return []
     reds, inner = _reduce_nesting(b)
+    if not inner:
+        return []
+    size = {id(r): math.prod(x.arg[1] for x in r.arg[1]) for r in reds}
+    around = {id(r): max((size[id(o)] for o in reds if o is not r and r in ir.toposort([o.srcs[0]])), default=1)
+              for r in reds if id(r) in inner}
     return [b.reduce_class[r] for r in reds if id(r) in inner and r in b.reduce_class and
-            math.prod(x.arg[1] for x in r.arg[1]) >= SPLIT_REDUCE_MIN]
+            size[id(r)] * around[id(r)] >= SPLIT_REDUCE_MIN]
 
 
 def _side_by_side_contractions(b: KernelBuilder, computed_by: Callable[[Class], Node]) -> list[Class]:
