@@ -634,12 +634,12 @@ class Scatter:
     """A one-hot sum turned around (``opt.scatter_one_hot``): ``out[v, o] = sum over ranges of x where index == v``
     runs as ``out[index, o] += x`` for each iteration of ``ranges`` in order, the kernel's loops (the output's other
     axes ``o``) inside, after a segment that zeroes the output; an ``index`` outside ``[0, target's extent)`` adds
-    nowhere. Work: the sum's iterations times the other axes, not also times the target's extent."""
+    nowhere. ``x`` is the segment's store value. Work: the sum's iterations times the other axes, not also times
+    the target's extent."""
 
     target: Expr  # the output loop the one-hot compare matched (named by the index while the stores run)
     index: Expr  # the target row of each iteration of ``ranges`` (depends on nothing else)
     ranges: tuple[Expr, ...]  # the sum's ranges, outermost first, run in order on one thread
-    value: Expr  # what one iteration adds at (index, o)
 
 
 @dataclass(frozen=True)

@@ -718,7 +718,7 @@ def scatter_one_hot(k: Kernel) -> tuple[Kernel, Kernel] | None:
     zero = replace(k, stores=(Store(st.param, st.index, ir.const(0.0, st.value.dtype)),))
     loops = tuple(r for r in k.loops if r is not target)
     add = replace(k, loops=loops, stores=(Store(st.param, st.index, x),), parallel=0, vector=False,
-                  scatter=Scatter(target, index, tuple(st.value.arg[1]), x))
+                  scatter=Scatter(target, index, tuple(st.value.arg[1])))
     return zero, add
 
 

@@ -632,7 +632,7 @@ class CRenderer(CStyleRenderer):
     def render_scatter(self, k: Kernel, sc: ir.Scatter, ind: str) -> list[str]:
         """``opt.scatter_one_hot``'s adding segment: the sum's ranges in order (one thread), the target row of each
         iteration named as the target loop's variable, then the kernel's other loops (the innermost vectorized:
-        one row's elements are distinct) adding ``value`` into the store's element."""
+        one row's elements are distinct) adding the store's value into its element."""
         (st,) = k.stores
         p = k.params[st.param]
         lines: list[str] = []
@@ -660,18 +660,16 @@ class CRenderer(CStyleRenderer):
         t = f"r{sc.target.arg[0]}"
         lines.append(f"{at}const {self.index_type} {t} = {n(sc.index)};")
         lines.append(f"{at}if ({t} >= 0 && {t} < {sc.target.arg[1]}) {{")
-        depth = len(sc.ranges) + 1
         at += "  "
         for i, r in enumerate(k.loops):
             if i == len(k.loops) - 1:
                 lines.append(f"{at}#pragma omp simd")
             loop(r, at)
             at += "  "
-        depth += len(k.loops)
-        define([st.index, sc.value], at)
+        define([st.index, st.value], at)
         dst = f"p{st.param}[{n(st.index)}]"
-        lines.append(f"{at}{dst} = {self.to_storage(f'{self.from_storage(dst, p.dtype)} + {n(sc.value)}', p.dtype)};")
-        for _ in range(depth):
+        lines.append(f"{at}{dst} = {self.to_storage(f'{self.from_storage(dst, p.dtype)} + {n(st.value)}', p.dtype)};")
+        for _ in range(len(sc.ranges) + 1 + len(k.loops)):
             at = at[:-2]
             lines.append(f"{at}}}")
         return lines
