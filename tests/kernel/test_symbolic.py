@@ -96,6 +96,20 @@ def test_floor_division_of_a_signed_index_has_correct_bounds(n, a, b, c, op):
         assert ir.alu(Ops.CMPLT, e, ir.const(c, ir.index_dtype)).arg is True
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 9), st.integers(-12, 12), st.integers(-20, 20), st.integers(2, 9))
+def test_floor_quotient_and_remainder_of_a_signed_index_recombine(n, a, b, c):
+    """``c * (e // c) + e % c`` folds back to ``e`` where ``e`` may be negative (floor semantics): the input
+    gradient of a padded convolution shifts its flat index by -1 and re-splits it into rows, and the unfolded
+    form left a division function call per tap in a loop that then did not vectorize."""
+    r = ir.range_(0, n)
+    e = r * a + b
+    c_ = ir.const(c, ir.index_dtype)
+    back = ir.alu(Ops.DIV, e, c_) * c + ir.alu(Ops.MOD, e, c_)
+    assert back is e
+    assert all(evaluate(back, {r: i}) == i * a + b for i in range(n))
+
+
 def test_basic_rewrites():
     r = ir.range_(0, 8)
     q = ir.range_(1, 4)

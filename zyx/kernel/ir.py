@@ -463,7 +463,12 @@ def alu(op: Ops, *srcs: Expr) -> Expr:
         return add(*srcs) if op is Ops.ADD else mul(*srcs)
     if op is Ops.NOT and srcs[0].op is Ops.NOT:
         return srcs[0].srcs[0]
-    return _make(op, dtype, srcs, None, _bounds(op, dtype, srcs))
+    out = _make(op, dtype, srcs, None, _bounds(op, dtype, srcs))
+    if op is Ops.DIV and dtype.is_int and srcs[1].op is Ops.CONST and srcs[1].arg > 0:
+        # a floor division of a value that may be negative (``idiv`` indexes the others): indexed for
+        # ``_fold_divmod_pairs``, since c * (a // c) + a % c == a for floor division of either sign
+        _div_index[(Ops.DIV, dtype.name, (id(srcs[0]),), srcs[1].arg)] = out
+    return out
 
 
 def where(c: Expr, x: Expr, y: Expr) -> Expr:
