@@ -140,6 +140,19 @@ def test_conv2d_is_im2col_and_one_gemm_and_a_pool_one_kernel():
     assert len(zyx.debug.schedule(F.max_pool2d(x, 3, 2, 1))) == 1
 
 
+def test_depthwise_conv2d_reads_its_input_in_place():
+    """A depthwise convolution's GEMM has one row per group, so each im2col column element is used once: copying
+    the columns out for BLAS (9x the input) costs more than the generated sum of products, which reads the input
+    in place. Extraction counts a library input's copy (``extract._copy_ns``); it once chose BLAS here, 31 ms
+    for 32x128x56^2 where the generated kernel takes 2-3 ms."""
+    x = zyx.Tensor(np.ones((2, 8, 16, 16), np.float32)).realize()
+    w = zyx.Tensor(np.ones((8, 1, 3, 3), np.float32)).realize()
+    kinds = [launch.kind for launch in zyx.debug.schedule(F.conv2d(x, w, padding=1, groups=8))]
+    assert kinds == ["generated"], kinds
+    dense = zyx.Tensor(np.ones((16, 8, 3, 3), np.float32)).realize()  # 16 rows reuse each column: BLAS pays
+    assert [launch.kind for launch in zyx.debug.schedule(F.conv2d(x, dense, padding=1))] == ["generated", "library"]
+
+
 def test_weight_gradient_of_a_sum_loss_is_not_a_materialized_product():
     """``conv(x, w).sum().backward()``: the ones-gradient is a broadcast constant, not a dense operand (the
     matcher once read it as an m * n * k buffer and ran a batch of GEMVs over it)."""

@@ -21,7 +21,7 @@ from zyx.graph import ops as g
 from zyx.graph.match import BiasAdd, Matmul, match_bias_add, match_matmul
 from zyx.graph.match_attention import Attention, match_attention
 from zyx.graph.node import Class, Node
-from zyx.ops import ELEMENTWISE, Ops
+from zyx.ops import ELEMENTWISE, MOVEMENT, Ops
 from zyx.utils import debug_on, log
 
 CostFn = Callable[[Class, Node], float]
@@ -87,7 +87,7 @@ def default_cost(compute_units: Callable[[str], int],
             if t is not None:
                 return t
         if n.op is Ops.KERNEL:
-            return n.arg.est_ns
+            return n.arg.est_ns + sum(_copy_ns(x, compute_units) for x in n.arg.inputs)
         if n.op in ELEMENTWISE:
             return c.numel * GENERATED_NS_PER_ELEMENT / compute_units(c.device)
         if n.op is Ops.REDUCE:
@@ -96,6 +96,23 @@ def default_cost(compute_units: Callable[[str], int],
 
     cost.measured = measured
     return cost
+
+
+def _copy_ns(x: Class, compute_units: Callable[[str], int]) -> float:
+    """Time of materializing library input ``x`` (inputs are read contiguously): nothing for a buffer or a reshape
+    of a value computed anyway (the buffer is shared); for a view or gather, which generated code reads in place
+    (index arithmetic, no cost), two passes over its elements: the copy writes them, the library reads them back.
+    A convolution's im2col columns are 9x its input; a depthwise one's GEMM (one row per group) reads each column
+    element once, so its library alternative costs more than the generated sum of products by the GEMM itself."""
+    src = x
+    while not src.realized and src.op in (Ops.RESHAPE, Ops.CONTIGUOUS):
+        src = src.srcs[0]
+    if src.realized or src.op not in _VIEWS:
+        return 0.0
+    return 2 * x.numel * GENERATED_NS_PER_ELEMENT / compute_units(x.device)
+
+
+_VIEWS = MOVEMENT | {Ops.GATHER, Ops.TAKE_ALONG}
 
 
 def _srcs(c: Class, choice: dict[int, Node]) -> tuple[Class, ...]:
