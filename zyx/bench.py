@@ -673,6 +673,33 @@ def conv2d_stem_backward(args) -> Row:
     return _conv_step_row("conv2d 7x7 s2 stem 16x3x64x64, forward + gradients", x, w, g, args, stride=2, padding=3)
 
 
+def _depthwise_operands() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A MobileNet block's depthwise 3x3 convolution: batch 16 of 128 channels of 56x56, one filter per channel."""
+    rng = np.random.default_rng(8)
+    return (rng.standard_normal((16, 128, 56, 56)).astype(np.float32),
+            (rng.standard_normal((128, 1, 3, 3)) * 0.3).astype(np.float32),
+            rng.standard_normal((16, 128, 56, 56)).astype(np.float32))
+
+
+@case
+def depthwise_conv2d(args) -> Row:
+    """The depthwise convolution's forward: one kernel reading the input in place (no im2col columns)."""
+    from zyx.nn import functional as F
+
+    x, w, _ = _depthwise_operands()
+    X, W = zyx.Tensor(x).realize(), zyx.Tensor(w).realize()
+    return _ops_row("depthwise conv2d 16x128x56x56, 3x3 pad 1 f32", args,
+                    lambda: F.conv2d(X, W, padding=1, groups=128).realize(),
+                    lambda torch, tx, tw: lambda: torch.nn.functional.conv2d(tx, tw, padding=1, groups=128), [x, w])
+
+
+@case
+def depthwise_conv2d_backward(args) -> Row:
+    """The depthwise convolution's loss and both gradients."""
+    return _conv_step_row("depthwise conv2d forward + gradients", *_depthwise_operands(), args, padding=1,
+                          groups=128)
+
+
 @case
 def conv_transpose2d(args) -> Row:
     """A 4x4 transposed convolution, stride 2, padding 1 (a decoder's 2x upsampling), 64 -> 32 channels, batch 32

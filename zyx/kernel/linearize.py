@@ -122,8 +122,13 @@ def linearize(k: Kernel) -> Block:
             for x in hidden:
                 done.discard(id(x))
             emit(e.srcs[0])
-            loops[-1].body.tail.append(e)  # the accumulate statement
-            loops[-1].kind = "simd"
+            body = loops[-1].body
+            body.tail.append(e)  # the accumulate statement
+            if body.inner is None and not any(isinstance(x, Reduce) for x in body.stmts):
+                # simd on the innermost loop only: over a loop nesting a reduce, GCC's lanes kept the inner
+                # sums from vectorizing (a depthwise convolution's weight gradient sums each sample's positions
+                # inside the sum over the batch)
+                loops[-1].kind = "simd"
             if vectorized:
                 # and the reduce's own are out of scope after it
                 block_of[vec], depth[vec] = saved

@@ -169,6 +169,63 @@ def split_divmod_loops(k: Kernel) -> Kernel:
     return k
 
 
+def _divisors_of(value: Expr, r: Expr) -> dict[int, int]:
+    """Constant divisors ``c`` of the integer divisions and remainders of range ``r`` itself (``r // c``,
+    ``r % c``) in ``value`` that split ``r`` evenly, with how many such nodes each has."""
+    cs: dict[int, int] = {}
+    for e in ir.toposort([value]):
+        if e.op in (Ops.DIV, Ops.MOD) and e.dtype.is_int and e.srcs[0] is r and e.srcs[1].op is Ops.CONST:
+            c = e.srcs[1].arg
+            if 1 < c < r.arg[1] and r.arg[1] % c == 0:
+                cs[c] = cs.get(c, 0) + 1
+    return cs
+
+
+def split_divmod_reduces(k: Kernel) -> Kernel:
+    """Split a reduce range ``r`` whose value reads ``r // c`` and ``r % c`` (flattened window taps: a depthwise
+    convolution's 3 x 3 taps as one range of 9) into ranges ``r // c`` and ``r % c`` (``r = a * c + b``): the
+    same terms in the same order, the divisions fold, and the taps' strides become affine coefficients, which
+    ``interchange_reduce`` needs to see that the loads walk the output axis contiguously and the taps with a
+    stride. For kernels ``tile_gemm`` left alone (a GEMM's k stays one range)."""
+    mapping: dict[Expr, Expr] = {}
+    next_id = max((r.arg[0] for r in _every_range(k)), default=0) + 1
+    for e in k.reduces():
+        ranges, value = list(e.arg[1]), e.srcs[0]
+        i = 0
+        while i < len(ranges):
+            cs = _divisors_of(value, ranges[i])
+            if not cs:
+                i += 1
+                continue
+            c = max(cs, key=lambda x: (cs[x], x))
+            r = ranges[i]
+            a, b = ir.range_(next_id, r.arg[1] // c), ir.range_(next_id + 1, c)
+            next_id += 2
+            value, ranges[i:i + 1] = ir.substitute(value, {r: a * c + b}), [a, b]
+        if len(ranges) > len(e.arg[1]):
+            mapping[e] = ir.reduce(e.arg[0], value, tuple(ranges), e.dtype)
+    return _substitute_kernel(k, mapping, k.loops) if mapping else k
+
+
+def ungate_invariant_loads(k: Kernel) -> Kernel:
+    """A gated load whose index does not walk the innermost loop and stays inside its buffer whatever the gate (a
+    convolution's weight read under the input's padding gates) loads unconditionally, then selects:
+    ``where(gate, p[i], 0)``, the same value. GCC does not vectorize a masked load from a loop-invariant address:
+    such a load kept a depthwise convolution's input gradient a scalar loop."""
+    if not k.loops:
+        return k
+    inner = k.loops[-1]
+    mapping: dict[Expr, Expr] = {}
+    for e in ir.toposort(_all_roots(k)):
+        if e.op is not Ops.LOAD or len(e.srcs) < 2 or inner in e.srcs[0].ranges or inner not in e.srcs[1].ranges:
+            continue
+        index, size = e.srcs[0], k.params[e.arg].size
+        if size and 0 <= index.vmin and index.vmax < size:
+            zero = ir.const(0.0 if e.dtype.is_float else 0, e.dtype)
+            mapping[e] = ir.where(e.srcs[1], ir.load(e.arg, e.dtype, index), zero)
+    return _substitute_kernel(k, mapping, k.loops) if mapping else k
+
+
 def _unrolled(k: Kernel, r: Expr, factor: int) -> tuple[Expr, tuple[Store, ...]]:
     """Output loop ``r`` unrolled by ``factor`` (which divides it): a new range ``a`` of ``r / factor`` iterations
     and ``k``'s stores once per ``u < factor`` with ``r = factor * a + u`` (simplified: constants fold)."""
@@ -396,7 +453,12 @@ def interchange_reduce(k: Kernel, units: int = 1, column_blocks: bool = True, ti
     red = reds[0]
     loads = [e for e in ir.toposort([red.srcs[0]]) if e.op is Ops.LOAD]
     coef = ir.affine_coefficient
-    gain = any(coef(x.srcs[0], j) == 1 and any(abs(coef(x.srcs[0], r) or 0) > 1 for r in red.arg[1]) for x in loads)
+    # the output axis walked with a step of 1 (for a sum also 2: a stride-2 depthwise convolution, whose strided
+    # vector loads beat a 9-tap sum per output, 3.9 -> 2.5 ms; a stride-2 max pooling, which tracks NaNs, went
+    # from 1.8 to 4.8 ms), a reduce range with a larger one
+    steps = (1, 2) if red.arg[0] is Ops.ADD else (1,)
+    gain = any(coef(x.srcs[0], j) in steps and any(abs(coef(x.srcs[0], r) or 0) > 1 for r in red.arg[1])
+               for x in loads)
     if not gain:
         return k
     size = j.arg[1]
@@ -404,7 +466,7 @@ def interchange_reduce(k: Kernel, units: int = 1, column_blocks: bool = True, ti
     if col and column_block and size % column_block == 0:
         col = column_block
     if tile is None or size % tile:
-        tile = next((t for t in INTERCHANGE_TILES if size % t == 0), size if size <= 64 else None)
+        tile = _interchange_tile(size)
     tile = col or tile
     if tile is None:
         return k
@@ -414,7 +476,18 @@ def interchange_reduce(k: Kernel, units: int = 1, column_blocks: bool = True, ti
     return replace(drop_unit_loops(k2), vector=True, vector_acc=jj)
 
 
-INTERCHANGE_TILES = (64, 32, 16, 8)  # accumulator tile widths of an interchanged reduce, widest first
+INTERCHANGE_TILES = (64, 32, 16, 8)  # accumulator tile widths the autotuner tries for an interchanged reduce
+INTERCHANGE_TILE_MAX = 64  # accumulators of one tile by default (4 AVX-512 registers of float32)
+
+
+def _interchange_tile(size: int) -> int | None:
+    """The default accumulator tile of an interchanged reduce over an output axis of ``size``: the widest divisor
+    of at most ``INTERCHANGE_TILE_MAX`` (at least 8), the whole axis when it is that short. Fewer, wider tiles
+    than powers of two: a depthwise 3x3 convolution's rows of 56 in tiles of 8 re-ran the taps' loop 7 times
+    per row (12.1 ms for 32x128x56^2; one tile of 56: 3.0 ms), 5x5 rows of 112 in tiles of 16 took 19 ms."""
+    if size <= INTERCHANGE_TILE_MAX:
+        return size
+    return next((t for t in range(INTERCHANGE_TILE_MAX, 7, -1) if size % t == 0), None)
 VECTOR_TILE = 64  # accumulators of one register tile (4 AVX-512 / 8 AVX registers of float32)
 ROW_BLOCK = 8  # reduce iterations accumulated in a register tile before it is added into the block's sums
 
@@ -564,6 +637,44 @@ def upcast_rows(k: Kernel, rows: int | None = None) -> Kernel:
             return k
     outer, stores = _unrolled(k, r, rows)
     return replace(k, loops=k.loops[:-1] + (outer,), stores=stores, reduce_lanes=lanes // rows, upcast_rows=rows)
+
+
+UPCAST_TAPS_MAX = 9  # outputs ``upcast_taps`` computes in one reduce nest (a 3x3 filter's taps)
+UPCAST_TAPS_MIN_REDUCE = 1 << 12  # iterations of each reduce, at least (shorter passes cost little to repeat)
+
+
+def upcast_taps(k: Kernel) -> Kernel:
+    """Unroll the innermost output loops whole when they have at most ``UPCAST_TAPS_MAX`` iterations in all and
+    every reduce depends on them and sums over long ranges (a depthwise convolution's weight gradient: per
+    channel and filter tap, a sum over the batch and the positions): the copies' reduces run as siblings in one
+    loop nest (``Kernel.upcast_rows``), so one pass over the ranges computes every tap and loads what no tap
+    depends on (the output gradient) once, instead of one pass per tap. Each output sums the same terms in the
+    same order."""
+    if k.then or k.gemm is not None or k.vector_acc is not None or k.split_reduce or k.upcast_rows > 1 or \
+            k.scan_ranges() or any(e.op in (Ops.STASH, Ops.LOCAL) for e in ir.toposort(_all_roots(k))):
+        return k
+    tail: list[Expr] = []
+    n = 1
+    for r in reversed(k.loops[1:]):  # the outer loop stays (threads split it)
+        if n * r.arg[1] > UPCAST_TAPS_MAX:
+            break
+        tail.append(r)
+        n *= r.arg[1]
+    reds = k.reduces()
+    nested = {id(x) for e in reds for x in ir.toposort([e.srcs[0]]) if x.op is Ops.REDUCE}
+    top = [e for e in reds if id(e) not in nested]  # the others run inside these (a sum over the batch of sums)
+
+    def iterations(e: Expr) -> int:
+        ranges = {r for x in ir.toposort([e]) if x.op is Ops.REDUCE for r in x.arg[1]}
+        return math.prod(r.arg[1] for r in ranges)
+
+    if n < 2 or not top or len({e.arg[1] for e in top}) > 1 or \
+            any(iterations(e) < UPCAST_TAPS_MIN_REDUCE or not all(r in e.ranges for r in tail) for e in top):
+        return k
+    for r in tail:
+        a, stores = _unrolled(k, r, r.arg[1])  # ``a`` has one iteration: dropped
+        k = drop_unit_loops(replace(k, loops=tuple(a if x is r else x for x in k.loops), stores=stores))
+    return replace(k, upcast_rows=n)
 
 
 STASH_MIN_COST = 3  # loads + ALU ops (a transcendental counts 8) a recomputed row value must cost to be stashed
@@ -936,8 +1047,8 @@ def tile_gemm(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Kern
 
 # the optional host passes, by the names DISABLED takes
 PASS_NAMES = frozenset({"gemm", "column_block", "block_vector_reduce", "stash_row_values", "split_divmod_loops",
-                        "unroll_divmod_loops", "unroll_reduce", "upcast_rows", "transpose", "prefetch",
-                        "prefetch_streams", "scatter"})
+                        "split_divmod_reduces", "ungate_loads", "upcast_taps", "unroll_divmod_loops", "unroll_reduce",
+                        "upcast_rows", "transpose", "prefetch", "prefetch_streams", "scatter"})
 DISABLED: set[str] = set()  # names of optional host passes switched off (tests compare outputs with and without)
 
 
@@ -992,6 +1103,12 @@ def _host_passes(part: Kernel, info: DeviceInfo, p: Params, units: int) -> Kerne
         tiled = tile_gemm(widen_accumulators(part), info, p)
         if tiled.gemm is not None:
             return tiled
+    if "split_divmod_reduces" not in DISABLED:
+        part = split_divmod_reduces(part)
+    if "ungate_loads" not in DISABLED:
+        part = ungate_invariant_loads(part)
+    if "upcast_taps" not in DISABLED:
+        part = upcast_taps(part)
     if "transpose" not in DISABLED:
         part = tile_transpose(part, p.get("transpose_tile"))
     part = interchange_reduce(part, units, column_blocks="column_block" not in DISABLED,

@@ -284,6 +284,10 @@ class CRenderer(CStyleRenderer):
     restrict = "restrict"
 
     math_fns = C_MATH_FUNCTIONS
+    # a float sum over several ranges whose innermost has at most this many iterations keeps one partial sum per
+    # iteration of it (summed after the nest): a reduction clause would add the vector up at the end of every
+    # row (a depthwise convolution's weight gradient sums rows of 56 positions)
+    nest_lanes = 64
 
     def prelude(self) -> str:
         return _HOST_PRELUDE
@@ -470,6 +474,9 @@ class CRenderer(CStyleRenderer):
             lines.append(f"{ind}}}")
 
         bounds: dict[Loop, tuple[str, str]] = {}  # loops rendered over other bounds than 0 .. size
+        # innermost loops of multi-range reduce nests -> their reduction clauses (without one, a simd loop
+        # accumulating a scalar stayed a sequential loop: a sum over (h, w) rows of 56 ran one add at a time)
+        inner_reds: dict[Loop, list] = {}
 
         def inline(x: Expr) -> str:
             """``x`` spelled in place: named values by name, the rest from its operands (an index's arithmetic)."""
@@ -510,10 +517,37 @@ class CRenderer(CStyleRenderer):
                 for e, acc, nan in members:
                     acc_name[e] = acc
                     reds += [(_OMP_RED[e.arg[0]], acc)] + ([("|", f"{acc}_nan")] if nan else [])
+                inner = loop  # the clauses go on the nest's innermost loop, the one marked simd
+                for _ in range(len(red.expr.arg[1]) - 1):
+                    inner = inner.body.inner
+                n_lanes = inner.range.arg[1]
+                lanes = inner is not loop and inner.kind == "simd" and n_lanes <= self.nest_lanes and \
+                    all(e.arg[0] is Ops.ADD and e.dtype.is_float and not nan for e, _, nan in members)
+                if lanes:  # one partial sum per iteration of the innermost loop, summed after the nest
+                    ri = rng(inner.range)
+                    # float lanes under a double accumulator when each adds at most ``sum_block`` terms (as the
+                    # blocks of long sums do): a float converted to double under a gate kept GCC from
+                    # if-converting the loop (the conversion may trap)
+                    depth = math.prod(r.arg[1] for r in red.expr.arg[1][:-1])
+                    for e, acc, _ in members:
+                        lt = self.acc_type(e, k)
+                        if lt == "double" and e.dtype is dtypes.float32 and depth <= self.sum_block:
+                            lt = "float"
+                            float_partials.add(e)
+                        lines.append(f"{ind}{lt} {acc}_l[{n_lanes}];")
+                        lines.append(f"{ind}for (int t = 0; t < {n_lanes}; t++) {{ {acc}_l[t] = 0; }}")
+                        acc_name[e] = f"{acc}_l[{ri}]"
+                    reds = []
+                elif inner is not loop:
+                    inner_reds[inner] = reds
+                    reds = []
                 lines.extend(ind + h for h in self.pragmas(loop, reds))
                 lines.append(f"{ind}for ({self.index_type} {r} = {lo}; {r} < {hi}; {r}++) {{")
                 emit_block(loop.body, ind + "  ")
                 lines.append(f"{ind}}}")
+                if lanes:
+                    for _, acc, _ in members:
+                        lines.append(f"{ind}for (int t = 0; t < {n_lanes}; t++) {{ {acc} += {acc}_l[t]; }}")
                 return
             parts = [(e, acc, f"{acc}_b") for e, acc, _ in members]
             float_partials.update(e for e, _, _ in members)
@@ -566,7 +600,7 @@ class CRenderer(CStyleRenderer):
         def emit_loop(loop: Loop, ind: str, reds: list | None = None) -> None:
             r = rng(loop.range)
             lo, hi = bounds.get(loop, ("0", str(loop.range.arg[1])))
-            lines.extend(ind + h for h in self.pragmas(loop, reds or []))
+            lines.extend(ind + h for h in self.pragmas(loop, reds or inner_reds.get(loop, [])))
             lines.append(f"{ind}for ({self.index_type} {r} = {lo}; {r} < {hi}; {r}++) {{")
             for f in prefetch.get(loop.range, ()):
                 lines.extend(ind + "  " + x for x in self.prefetch(f, k.params[f.param], r, hi))
@@ -615,8 +649,14 @@ class CRenderer(CStyleRenderer):
         for part in (k, *k.then):
             roots = [x for s in part.stores for x in (s.index, s.value)]
             exprs = ir.toposort(roots)
-            inner = ({part.loops[-1]} if part.loops else set()) | \
-                {e.arg[1][-1] for e in exprs if e.op is Ops.REDUCE and e.arg[1]}
+            reds = [e for e in exprs if e.op is Ops.REDUCE and e.arg[1]]
+            inner = {e.arg[1][-1] for e in reds  # the last range of a reduce around no other reduce
+                     if not any(x.op is Ops.REDUCE for x in ir.toposort([e.srcs[0]]))}
+            # the last output loop, unless reduces too long for GCC to unroll whole run inside it (then it does
+            # not vectorize: a depthwise weight gradient's channel loop around sums over the batch and positions)
+            if part.loops and not any(part.loops[-1] in e.ranges and
+                                      math.prod(r.arg[1] for r in e.arg[1]) >= 64 for e in reds):
+                inner.add(part.loops[-1])
             gated = [e for e in exprs if e.op is Ops.LOAD and len(e.srcs) > 1]
             for r in inner:
                 seen: dict[tuple[int, int], Expr] = {}
