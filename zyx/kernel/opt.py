@@ -859,7 +859,7 @@ def split_segments(k: Kernel) -> list[Kernel]:
 # ---- register-tiled contractions (host) ----------------------------------------------------------------------
 
 GEMM_MIN_WORK = 1 << 18  # multiply-adds below which a contraction keeps the interchanged path
-GEMM_PANEL_BYTES = 1 << 20  # a packed panel of the right operand (kc x nc) fits in half a 2 MiB L2
+GEMM_PANEL_BYTES = 1 << 19  # a packed panel of the right operand (kc x nc): half the 1 MiB L2 of a core
 GEMM_KC = 512  # k block of a panel when k is longer than GEMM_KC_MAX (a direct store accumulates the blocks)
 GEMM_KC_MAX = 1024
 GEMM_PARTIAL = 256  # wide accumulators: float32 partial sums over this many k, added into float64 ones
