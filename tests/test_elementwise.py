@@ -328,3 +328,31 @@ def test_float64_to_16_bit_floats_rounds_once(device):
             want = d.astype(npd).astype(np.float64)
             np.testing.assert_array_equal(got, want, err_msg=dtype.name)
             np.testing.assert_array_equal(np.signbit(got), np.signbit(want), err_msg=dtype.name)
+
+
+def test_16_bit_float_conversions_match_numpy_bit_for_bit(device):
+    """Every float16 widens to NumPy's float32 (signaling NaNs stay signaling: the F16C instruction the host uses
+    quiets them, the prelude clears the quiet bit again), and float32 narrows to float16 and bfloat16 as NumPy and
+    ml_dtypes round, over every exponent (NaNs: NaN of the same sign; float16 keeps the payload's top bits,
+    quieted). The narrowing of a float32 result is one conversion at the store (the cast's rounding is the same)."""
+    h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    got = zyx.Tensor(h, device=device).cast(zyx.float32).numpy()
+    np.testing.assert_array_equal(got.view(np.uint32), h.astype(np.float32).view(np.uint32))
+    rng = np.random.default_rng(3)
+    bits = np.concatenate([rng.integers(0, 1 << 32, 1 << 16, dtype=np.uint64).astype(np.uint32),
+                           np.arange(0, 1 << 32, 65521, dtype=np.uint64).astype(np.uint32),
+                           np.array([0x477FEFFF, 0x477FF000, 0x38800000, 0x387FFFFF, 0x33000000, 0x33000001,
+                                     0x7F7FFFFF, 0x80000001, 0x7FC00000, 0x7F800001], np.uint32)])
+    f = bits.view(np.float32)
+    nan = np.isnan(f)
+    with np.errstate(over="ignore", invalid="ignore"):
+        for dtype, npd in ((zyx.float16, np.float16), (zyx.bfloat16, ml_dtypes.bfloat16)):
+            got = (zyx.Tensor(f, device=device) * 1.0).cast(dtype).numpy()
+            want = f.astype(npd)
+            np.testing.assert_array_equal(got[~nan].view(np.uint16), want[~nan].view(np.uint16), err_msg=dtype.name)
+            g, w = got[nan].view(np.uint16), want[nan].view(np.uint16)
+            assert np.isnan(got[nan].astype(np.float32)).all(), dtype.name
+            np.testing.assert_array_equal(g & 0x8000, w & 0x8000, err_msg=dtype.name)
+            if dtype is zyx.float16:  # a quiet NaN keeps its payload's top bits (a signaling one's may all be 0)
+                quiet = (bits[nan] & 0x400000) != 0
+                np.testing.assert_array_equal(g[quiet], w[quiet], err_msg=dtype.name)
