@@ -139,6 +139,30 @@ def test_small_topk_selects_in_sort_order(device, dtype, n, k, largest):
     np.testing.assert_array_equal(inner.indices.numpy(), want.T)
 
 
+@pytest.mark.parametrize("dtype,n,k", [("float32", 300, 5), ("float64", 1000, 12), ("int32", 512, 4),
+                                       ("bool", 300, 3), ("float16", 200, 6), ("uint8", 640, 7)])
+@pytest.mark.parametrize("largest", [True, False])
+def test_long_rows_topk_picks_blocks_first(device, monkeypatch, dtype, n, k, largest):
+    """Rows of at least 16 k elements (here of any total size) select among the elements of the k blocks whose
+    first elements come first: the same positions as the stable sort's first k (ties, NaN, -0.0, the integer
+    extremes), along an inner axis too."""
+    from zyx import sorting
+
+    calls = []
+    blocks = sorting._block_candidates
+    monkeypatch.setattr(sorting, "BLOCK_MIN_ELEMENTS", 0)
+    monkeypatch.setattr(sorting, "_block_candidates", lambda *a: calls.append(a) or blocks(*a))
+    x = data((3, n), dtype, n + k)
+    t = zyx.Tensor(x, device=device)
+    values, indices = t.topk(k, largest=largest)
+    want = np.array([reference_order(row, largest)[:k] for row in x.astype(np.float64)])
+    np.testing.assert_array_equal(indices.numpy(), want)
+    np.testing.assert_array_equal(values.numpy(), np.take_along_axis(x, want, -1))
+    inner = zyx.Tensor(np.ascontiguousarray(x.T), device=device).topk(k, dim=0, largest=largest)
+    np.testing.assert_array_equal(inner.indices.numpy(), want.T)
+    assert len(calls) == 2  # the block path, both times
+
+
 @pytest.mark.parametrize("dtype", ["float32", "int64"])
 @pytest.mark.parametrize("largest", [True, False])
 def test_large_topk_sorts(device, dtype, largest):
