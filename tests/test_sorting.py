@@ -116,6 +116,17 @@ def test_each_stage_is_one_kernel():
     assert len(ks) == 4 * 5 // 2  # log2(16) (log2(16) + 1) / 2 stages, keys and positions stored by one kernel
 
 
+def assert_topk_is_the_sorts_first(x: np.ndarray, k: int, largest: bool, device: str) -> None:
+    """``topk`` of the rows of ``x`` (and of its transpose along dim 0): the positions of the stable sort's first
+    ``k`` and the values there."""
+    values, indices = zyx.Tensor(x, device=device).topk(k, largest=largest)
+    want = np.array([reference_order(row, largest)[:k] for row in x.astype(np.float64)])
+    np.testing.assert_array_equal(indices.numpy(), want)
+    np.testing.assert_array_equal(values.numpy(), np.take_along_axis(x, want, -1))
+    inner = zyx.Tensor(np.ascontiguousarray(x.T), device=device).topk(k, dim=0, largest=largest)
+    np.testing.assert_array_equal(inner.indices.numpy(), want.T)
+
+
 @pytest.mark.parametrize("dtype,n,k", [("float32", 100, 5), ("float64", 1000, 12), ("int32", 64, 4),
                                        ("bool", 300, 3), ("float16", 200, 6), ("bfloat16", 64, 4),
                                        ("int64", 128, 5), ("uint8", 64, 4)])
@@ -129,14 +140,7 @@ def test_small_topk_selects_in_sort_order(device, dtype, n, k, largest):
 
     levels = (n - 1).bit_length()
     assert k * sorting.SELECT_STAGE_FRACTION <= levels * (levels + 1) // 2  # the selection path
-    x = data((3, n), dtype, n + k)
-    t = zyx.Tensor(x, device=device)
-    values, indices = t.topk(k, largest=largest)
-    want = np.array([reference_order(row, largest)[:k] for row in x.astype(np.float64)])
-    np.testing.assert_array_equal(indices.numpy(), want)
-    np.testing.assert_array_equal(values.numpy(), np.take_along_axis(x, want, -1))
-    inner = zyx.Tensor(np.ascontiguousarray(x.T), device=device).topk(k, dim=0, largest=largest)
-    np.testing.assert_array_equal(inner.indices.numpy(), want.T)
+    assert_topk_is_the_sorts_first(data((3, n), dtype, n + k), k, largest, device)
 
 
 @pytest.mark.parametrize("dtype,n,k", [("float32", 300, 5), ("float64", 1000, 12), ("int32", 512, 4),
@@ -152,14 +156,7 @@ def test_long_rows_topk_picks_blocks_first(device, monkeypatch, dtype, n, k, lar
     blocks = sorting._block_candidates
     monkeypatch.setattr(sorting, "BLOCK_MIN_ELEMENTS", 0)
     monkeypatch.setattr(sorting, "_block_candidates", lambda *a: calls.append(a) or blocks(*a))
-    x = data((3, n), dtype, n + k)
-    t = zyx.Tensor(x, device=device)
-    values, indices = t.topk(k, largest=largest)
-    want = np.array([reference_order(row, largest)[:k] for row in x.astype(np.float64)])
-    np.testing.assert_array_equal(indices.numpy(), want)
-    np.testing.assert_array_equal(values.numpy(), np.take_along_axis(x, want, -1))
-    inner = zyx.Tensor(np.ascontiguousarray(x.T), device=device).topk(k, dim=0, largest=largest)
-    np.testing.assert_array_equal(inner.indices.numpy(), want.T)
+    assert_topk_is_the_sorts_first(data((3, n), dtype, n + k), k, largest, device)
     assert len(calls) == 2  # the block path, both times
 
 

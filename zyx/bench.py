@@ -604,11 +604,14 @@ def _torch_step(torch, model, opt, x: np.ndarray, y: np.ndarray) -> Callable[[],
     return step
 
 
-def _conv_operands():
-    rng = np.random.default_rng(6)
-    return (rng.standard_normal((32, 32, 32, 32)).astype(np.float32),
-            (rng.standard_normal((64, 32, 3, 3)) * 0.1).astype(np.float32),
-            rng.standard_normal((32, 64, 32, 32)).astype(np.float32))
+def _conv_operands(x_shape=(32, 32, 32, 32), w_shape=(64, 32, 3, 3), g_shape=(32, 64, 32, 32), seed: int = 6,
+                   w_scale: float = 0.1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Float32 input, weight (times ``w_scale``) and output gradient of a convolution; by default a 3x3 one, 32 -> 64
+    channels, batch 32 of 32x32."""
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(x_shape).astype(np.float32),
+            (rng.standard_normal(w_shape) * w_scale).astype(np.float32),
+            rng.standard_normal(g_shape).astype(np.float32))
 
 
 @case
@@ -618,13 +621,8 @@ def conv2d(args) -> Row:
 
     x, w, _ = _conv_operands()
     X, W = zyx.Tensor(x).realize(), zyx.Tensor(w).realize()
-    row = Row("conv2d 32x32x32x32 * 64x32x3x3 pad 1 f32", median_ms(lambda: F.conv2d(X, W, padding=1).realize(),
-                                                                    args.repeats))
-    torch = _torch()
-    if torch is not None:
-        tx, tw = torch.from_numpy(x), torch.from_numpy(w)
-        row.refs["torch"] = median_ms(lambda: torch.nn.functional.conv2d(tx, tw, padding=1), args.repeats)
-    return row
+    return _ops_row("conv2d 32x32x32x32 * 64x32x3x3 pad 1 f32", args, lambda: F.conv2d(X, W, padding=1).realize(),
+                    lambda torch, tx, tw: lambda: torch.nn.functional.conv2d(tx, tw, padding=1), [x, w])
 
 
 def _conv_step_row(name: str, x: np.ndarray, w: np.ndarray, g: np.ndarray, args, **conv) -> Row:
@@ -666,19 +664,14 @@ def conv2d_backward(args) -> Row:
 def conv2d_stem_backward(args) -> Row:
     """A ResNet stem's 7x7 stride-2 convolution, 3 -> 32 channels, batch 16 of 64x64: loss and both gradients
     (the input gradient overlap-adds phases of the strided windows)."""
-    rng = np.random.default_rng(7)
-    x = rng.standard_normal((16, 3, 64, 64)).astype(np.float32)
-    w = (rng.standard_normal((32, 3, 7, 7)) * 0.1).astype(np.float32)
-    g = rng.standard_normal((16, 32, 32, 32)).astype(np.float32)
-    return _conv_step_row("conv2d 7x7 s2 stem 16x3x64x64, forward + gradients", x, w, g, args, stride=2, padding=3)
+    operands = _conv_operands((16, 3, 64, 64), (32, 3, 7, 7), (16, 32, 32, 32), seed=7)
+    return _conv_step_row("conv2d 7x7 s2 stem 16x3x64x64, forward + gradients", *operands, args, stride=2,
+                          padding=3)
 
 
 def _depthwise_operands() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A MobileNet block's depthwise 3x3 convolution: batch 16 of 128 channels of 56x56, one filter per channel."""
-    rng = np.random.default_rng(8)
-    return (rng.standard_normal((16, 128, 56, 56)).astype(np.float32),
-            (rng.standard_normal((128, 1, 3, 3)) * 0.3).astype(np.float32),
-            rng.standard_normal((16, 128, 56, 56)).astype(np.float32))
+    return _conv_operands((16, 128, 56, 56), (128, 1, 3, 3), (16, 128, 56, 56), seed=8, w_scale=0.3)
 
 
 @case
