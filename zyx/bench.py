@@ -289,6 +289,14 @@ def _ops_row(name: str, args, zyx_fn: Callable[[], object], torch_fn: Callable[[
 
 
 @case
+def cast_half(args) -> Row:
+    """float32 -> float16 of a 64 MB operand (mixed precision's casts; F16C conversions on the host)."""
+    x, X = _square(args)
+    return _ops_row(f"cast {x.shape[0]}x{x.shape[1]} f32 -> f16", args, lambda: X.half().realize(),
+                    lambda torch, t: lambda: t.half(), [x])
+
+
+@case
 def sort_rows(args) -> Row:
     """A stable sort along rows (the bitonic network of ``zyx.sorting``)."""
     n = 1 << (args.scale // 2 + 1)  # 2048 at the default scale
