@@ -149,12 +149,7 @@ def split_divmod_loops(k: Kernel) -> Kernel:
         for r in k.loops:
             if r in scans:
                 continue
-            cs: dict[int, int] = {}
-            for e in ir.toposort(_all_roots(k)):
-                if e.op in (Ops.DIV, Ops.MOD) and e.dtype.is_int and e.srcs[0] is r and e.srcs[1].op is Ops.CONST:
-                    c = e.srcs[1].arg
-                    if SPLIT_MIN_INNER <= c < r.arg[1] and r.arg[1] % c == 0:
-                        cs[c] = cs.get(c, 0) + 1
+            cs = {c: n for c, n in _divisors_of(_all_roots(k), r).items() if c >= SPLIT_MIN_INNER}
             if not cs:
                 continue
             c = max(cs, key=lambda x: (cs[x], x))
@@ -169,11 +164,11 @@ def split_divmod_loops(k: Kernel) -> Kernel:
     return k
 
 
-def _divisors_of(value: Expr, r: Expr) -> dict[int, int]:
+def _divisors_of(roots: list[Expr], r: Expr) -> dict[int, int]:
     """Constant divisors ``c`` of the integer divisions and remainders of range ``r`` itself (``r // c``,
-    ``r % c``) in ``value`` that split ``r`` evenly, with how many such nodes each has."""
+    ``r % c``) under ``roots`` that split ``r`` evenly, with how many such nodes each has."""
     cs: dict[int, int] = {}
-    for e in ir.toposort([value]):
+    for e in ir.toposort(roots):
         if e.op in (Ops.DIV, Ops.MOD) and e.dtype.is_int and e.srcs[0] is r and e.srcs[1].op is Ops.CONST:
             c = e.srcs[1].arg
             if 1 < c < r.arg[1] and r.arg[1] % c == 0:
@@ -193,7 +188,7 @@ def split_divmod_reduces(k: Kernel) -> Kernel:
         ranges, value = list(e.arg[1]), e.srcs[0]
         i = 0
         while i < len(ranges):
-            cs = _divisors_of(value, ranges[i])
+            cs = _divisors_of([value], ranges[i])
             if not cs:
                 i += 1
                 continue
@@ -488,6 +483,8 @@ def _interchange_tile(size: int) -> int | None:
     if size <= INTERCHANGE_TILE_MAX:
         return size
     return next((t for t in range(INTERCHANGE_TILE_MAX, 7, -1) if size % t == 0), None)
+
+
 VECTOR_TILE = 64  # accumulators of one register tile (4 AVX-512 / 8 AVX registers of float32)
 ROW_BLOCK = 8  # reduce iterations accumulated in a register tile before it is added into the block's sums
 
