@@ -98,19 +98,27 @@ def _select(keys: Tensor, tags: Tensor, k: int, descending: bool) -> Tensor:
     """The tags of the first ``k`` (key, tag) pairs along the last axis in ``_ordered``'s order (tags unique per
     row), by ``k`` selection passes: each takes the first pair among those after the previous pass's pick (the
     extreme key, then its lowest tag): two reductions and a few compares per element, whatever the pass."""
-    fill = (-math.inf if descending else math.inf) if keys.dtype.is_float else \
-        dtypes.int_range(keys.dtype)[0 if descending else 1]
-    no_tag = dtypes.int_range(tags.dtype)[1]
     taken = []
     after = None  # the elements after the last pick in the order (None: every element)
     for _ in range(k):
-        candidates = keys if after is None else after.where(keys, fill)
-        best = candidates.max(-1, keepdim=True) if descending else candidates.min(-1, keepdim=True)
-        hit = keys == best if after is None else after & (keys == best)
-        first = hit.where(tags, no_tag).min(-1, keepdim=True)
+        best, first = _first(keys, tags, descending, after)
         taken.append(first)
         after = _precedes(best, first, keys, tags, descending)
     return cat(taken, -1)
+
+
+def _first(keys: Tensor, tags: Tensor, descending: bool, among: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The first (key, tag) pair along the last axis (kept, of size 1) in ``_ordered``'s order among the elements
+    ``among`` marks (None: all): the extreme key, then its lowest tag."""
+    if among is None:
+        candidates = keys
+    else:
+        fill = (-math.inf if descending else math.inf) if keys.dtype.is_float else \
+            dtypes.int_range(keys.dtype)[0 if descending else 1]
+        candidates = among.where(keys, fill)
+    best = candidates.max(-1, keepdim=True) if descending else candidates.min(-1, keepdim=True)
+    hit = keys == best if among is None else among & (keys == best)
+    return best, hit.where(tags, dtypes.int_range(tags.dtype)[1]).min(-1, keepdim=True)
 
 
 def _selected_positions(x: Tensor, k: int, descending: bool) -> Tensor:
@@ -146,9 +154,8 @@ def _block_candidates(x: Tensor, k: int, descending: bool) -> tuple[Tensor, Tens
     nb = -(-n // b)
     keys, tags, bits = _ordered(x, nb * b, descending)
     kb, tb = keys.reshape(*lead, nb, b), tags.reshape(*lead, nb, b)
-    best = kb.max(-1) if descending else kb.min(-1)
-    first = (kb == best.unsqueeze(-1)).where(tb, dtypes.int_range(tags.dtype)[1]).min(-1)
-    blocks = (_select(best.contiguous(), first.contiguous(), k, descending) & ((1 << bits) - 1)) // b
+    best, first = (t.squeeze(-1).contiguous() for t in _first(kb, tb, descending))  # each block's first element
+    blocks = (_select(best, first, k, descending) & ((1 << bits) - 1)) // b
     at = (blocks.unsqueeze(-1) * b + Tensor.arange(b, dtype=blocks.dtype, device=x.device)).reshape(*lead, k * b)
     # stored: inlined into every pass, each candidate would re-evaluate the picks' concatenation (k selects)
     return keys.gather(-1, at).contiguous(), tags.gather(-1, at).contiguous(), bits

@@ -29,6 +29,7 @@ EXHAUSTIVE_LIMIT = 4096
 SEARCH_VISITS = 300_000  # class visits a search may spend: every combination or partial choice walks the graph
 MIN_SEARCH_BUDGET = 64  # partial choices the branch and bound may examine however large the graph
 GENERATED_NS_PER_ELEMENT = 1.0  # one fused element operation on one compute unit
+_VIEWS = MOVEMENT | {Ops.GATHER, Ops.TAKE_ALONG}  # graph ops that generated code reads in place (index arithmetic)
 
 
 class Graph:
@@ -110,9 +111,6 @@ def _copy_ns(x: Class, compute_units: Callable[[str], int]) -> float:
     if src.realized or src.op not in _VIEWS:
         return 0.0
     return 2 * x.numel * GENERATED_NS_PER_ELEMENT / compute_units(x.device)
-
-
-_VIEWS = MOVEMENT | {Ops.GATHER, Ops.TAKE_ALONG}
 
 
 def _srcs(c: Class, choice: dict[int, Node]) -> tuple[Class, ...]:
