@@ -508,3 +508,60 @@ def test_costly_factors_of_a_contraction_are_stored():
             torch.from_numpy(w).double()
         np.testing.assert_allclose(y.numpy(), ref.numpy(), rtol=1e-4, atol=1e-4)
         assert len(kernels_of((H * 0.5) @ W)) == 1
+
+
+@pytest.mark.parametrize("stride,kernel,padding", [(1, 3, 1), (2, 7, 3), (1, (2, 3), 0)])
+def test_a_weight_gradient_packs_along_k_and_matches_torch(stride, kernel, padding, monkeypatch):
+    """A convolution's weight gradient is a GEMM whose columns are (input channel, tap) and whose k runs over the
+    output positions: the tap index is no affine function of its column loop (tap // kw, tap % kw), so the pack
+    runs k innermost (``GemmTile.pack_k_inner``); the forward GEMM's columns are output positions, read along a
+    row, and keep the columns innermost. The gradients match torch's."""
+    torch = pytest.importorskip("torch")
+    from zyx.nn import functional as F
+
+    monkeypatch.setattr(opt, "GEMM_MIN_WORK", 1)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 4, 12, 14)).astype(np.float32)
+    w = rng.standard_normal((6, 4) + ((kernel,) * 2 if isinstance(kernel, int) else kernel)).astype(np.float32)
+    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    ty = torch.nn.functional.conv2d(tx, tw, stride=stride, padding=padding)
+    g = rng.standard_normal(tuple(ty.shape)).astype(np.float32)
+    (ty * torch.from_numpy(g)).sum().backward()
+    with host_without_blas():
+        X, W = zyx.Tensor(x, requires_grad=True), zyx.Tensor(w, requires_grad=True)
+        y = F.conv2d(X, W, stride=stride, padding=padding)
+        (y * zyx.Tensor(g)).sum().backward()
+
+        def plans(*ts):
+            return [p for k in kernels_of(*ts) if (p := opt.optimize(k, _host().info()).gemm) is not None]
+
+        forward, weight_grad = plans(y), plans(W.grad)
+        np.testing.assert_allclose(W.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(X.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+    assert forward and not any(p.pack_k_inner for p in forward), forward
+    assert any(p.pack_k_inner for p in weight_grad), weight_grad
+
+
+@settings(max_examples=8, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@given(m=st.integers(2, 20), kk=st.integers(4, 50), third=st.integers(3, 30), split=st.booleans(),
+       mr=st.sampled_from(opt.GEMM_MR), nr=st.sampled_from((16, 32, 7)), nc=st.sampled_from((1, 33, 512)),
+       kc=st.integers(1, 40))
+def test_columns_read_out_of_order_pack_along_k_and_match_numpy(m, kk, third, split, mr, nr, nc, kc, monkeypatch):
+    """The right operand's columns permuted (column j reads stored column (j % 3) * third + j // 3: no affine
+    index), in one column loop or two (``split``: (j // third, j % third)), any tile: the pack runs k innermost and the
+    product is NumPy's."""
+    monkeypatch.setattr(opt, "GEMM_MIN_WORK", 1)
+    n, f32 = 3 * third, dtypes.float32
+    i, r = ir.range_(0, m), ir.range_(2, kk)
+    cols = (ir.range_(1, 3), ir.range_(3, third)) if split else (ir.range_(1, n),)
+    j = cols[0] * third + cols[1] if split else cols[0]
+    stored = (j % 3) * third + j // 3
+    red = ir.reduce(Ops.ADD, ir.alu(Ops.MUL, ir.load(1, f32, i * kk + r), ir.load(2, f32, r * n + stored)), (r,))
+    k = Kernel("k", (Param("p0", f32, "out", m * n), Param("p1", f32, "in", m * kk), Param("p2", f32, "in", kk * n)),
+               (i, *cols), (Store(0, i * n + j, red),))
+    rng = np.random.default_rng(m * kk + n)
+    a, b = rng.standard_normal((m, kk)).astype(np.float32), rng.standard_normal((kk, n)).astype(np.float32)
+    out, ko = _run_kernel(k, [a, b], {"gemm_mr": mr, "gemm_nr": nr, "gemm_nc": nc, "gemm_kc": kk if split else kc})
+    assert ko.gemm is not None and ko.gemm.pack_k_inner
+    perm = [(c % 3) * third + c // 3 for c in range(n)]
+    _check(out, a.astype(np.float64) @ b[:, perm].astype(np.float64), f32, kk)

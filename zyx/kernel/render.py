@@ -829,11 +829,15 @@ class CRenderer(CStyleRenderer):
                              f"zb[zk * {nr} + zj] = {zero};")
 
             def pack_run(ind: str) -> None:
-                lines.append(f"{ind}for ({it} zk = 0; zk < zkc; zk++) {{")
-                lines.append(f"{ind}  const {it} {rk} = zpc + zk;")
+                outer, inner = (("int zt = 0; zt < zl; zt++", f"{rn} = zo + zt"),
+                                (f"{it} zk = 0; zk < zkc; zk++", f"{rk} = zpc + zk"))
+                if not g.pack_k_inner:  # along the run of columns, k outer
+                    outer, inner = inner, outer
+                lines.append(f"{ind}for ({outer[0]}) {{")
+                lines.append(f"{ind}  const {it} {outer[1]};")
                 lines.append(f"{ind}  #pragma omp simd")
-                lines.append(f"{ind}  for (int zt = 0; zt < zl; zt++) {{")
-                lines.append(f"{ind}    const {it} {rn} = zo + zt;")
+                lines.append(f"{ind}  for ({inner[0]}) {{")
+                lines.append(f"{ind}    const {it} {inner[1]};")
                 name: dict[Expr, str] = {}
                 values([c.b], ind + "    ", name)
                 lines.append(f"{ind}    zb[zk * {nr} + zj + zt] = {operand(c.b, name)};")
@@ -853,21 +857,25 @@ class CRenderer(CStyleRenderer):
                 lines.append(f"{i4}{{")
             else:
                 lines.append(f"{i4}if (zjc + zp * {nr} + {nr} <= {n}) {{" if whole else f"{i4}else {{")
-            lines.append(f"{i5}for ({it} zk = 0; zk < zkc; zk++) {{")
-            i6 = i5 + "  "
-            lines.append(f"{i6}const {it} {rk} = zpc + zk;")
-            lines.append(f"{i6}#pragma omp simd")
-            lines.append(f"{i6}for ({it} zj = 0; zj < {nr}; zj++) {{")
-            i7 = i6 + "  "
-            name: dict[Expr, str] = {}
             if whole:
-                lines.append(f"{i7}const {it} {rn} = zjc + zp * {nr} + zj;")
-                values([c.b], i7, name)
+                columns = [f"const {it} {rn} = zjc + zp * {nr} + zj;"]
+            else:
+                columns = [f"const {it} zn = zjc + zp * {nr} + zj;", f"const {it} {rn} = zn < {n} ? zn : {n - 1};"]
+            outer = (f"{it} zk = 0; zk < zkc; zk++", [f"const {it} {rk} = zpc + zk;"])
+            inner = (f"{it} zj = 0; zj < {nr}; zj++", columns)
+            if g.pack_k_inner:
+                outer, inner = inner, outer
+            i6, i7 = i5 + "  ", i5 + "    "
+            lines.append(f"{i5}for ({outer[0]}) {{")
+            lines.extend(i6 + x for x in outer[1])
+            lines.append(f"{i6}#pragma omp simd")
+            lines.append(f"{i6}for ({inner[0]}) {{")
+            lines.extend(i7 + x for x in inner[1])
+            name: dict[Expr, str] = {}
+            values([c.b], i7, name)
+            if whole:
                 lines.append(f"{i7}zb[zk * {nr} + zj] = {operand(c.b, name)};")
             else:
-                lines.append(f"{i7}const {it} zn = zjc + zp * {nr} + zj;")
-                lines.append(f"{i7}const {it} {rn} = zn < {n} ? zn : {n - 1};")
-                values([c.b], i7, name)
                 lines.append(f"{i7}zb[zk * {nr} + zj] = zn < {n} ? {operand(c.b, name)} : {zero};")
             lines.append(f"{i6}}}")
             lines.append(f"{i5}}}")
