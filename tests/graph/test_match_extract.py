@@ -155,6 +155,26 @@ def test_exhaustive_extraction_is_optimal(alts, shared):
     assert math.isclose(total_cost([acc], extract([acc], cost, exhaustive_limit=1), cost), best)
 
 
+def test_a_generated_matmul_costs_its_flops_at_the_devices_contraction_rate():
+    """``default_cost`` counts a matmul's generated reduce as one launch plus its flops at the device's
+    ``contraction_gflops`` (float64 at half the rate) and its product as nothing (multiplied as it accumulates);
+    a device without a register-tiled GEMM (rate 0) counts elements as for any reduce."""
+    from zyx.graph.extract import contraction_flops, default_cost
+    from zyx.kernel.target import DeviceInfo
+
+    for dtype, per_flop in ((np.float32, 1 / 10), (np.float64, 2 / 10)):
+        y = T((8, 16), dtype) @ T((16, 4), dtype)
+        c = _reduce_class(y)
+        (mm,) = [m for m in map(match_matmul, [c]) if m is not None]
+        flops = contraction_flops([mm])
+        tiled = default_cost(lambda _: DeviceInfo("host", "host", compute_units=2, contraction_gflops=10.0,
+                                                  launch_overhead_ns=100), contractions=flops)
+        assert math.isclose(tiled(c, c.nodes[0]), 100 + 2 * 8 * 16 * 4 * per_flop)
+        assert tiled(c.srcs[0], c.srcs[0].nodes[0]) == 0
+        plain = default_cost(lambda _: DeviceInfo("host", "host", compute_units=2), contractions=flops)
+        assert plain(c, c.nodes[0]) == 8 * 16 * 4 / 2 and plain(c.srcs[0], c.srcs[0].nodes[0]) == 8 * 16 * 4 / 2
+
+
 def test_debug_sched_names_the_winner(capfd):
     from zyx.utils import set_debug
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from zyx.backends.base import LibraryKernel
 from zyx.dtypes import DType
@@ -21,6 +21,7 @@ from zyx.graph import ops as g
 from zyx.graph.match import BiasAdd, Matmul, match_bias_add, match_matmul
 from zyx.graph.match_attention import Attention, match_attention
 from zyx.graph.node import Class, Node
+from zyx.kernel.target import DeviceInfo
 from zyx.ops import ELEMENTWISE, MOVEMENT, Ops
 from zyx.utils import debug_on, log
 
@@ -75,12 +76,17 @@ class Graph:
         c.nodes.append(Node(Ops.KERNEL, tuple(kernel.inputs), kernel))
 
 
-def default_cost(compute_units: Callable[[str], int],
-                 measured: Mapping[tuple[int, int], float] | None = None) -> CostFn:
+def default_cost(info: Callable[[str], DeviceInfo], measured: Mapping[tuple[int, int], float] | None = None,
+                 contractions: Mapping[int, int] | None = None) -> CostFn:
     """Time (ns) of computing one node: measured (``measured[(id(class), id(node))]``, from autotuning) where
     known, else estimated: library kernels carry their own estimate; generated work is counted per element and
-    operation, spread over the device's compute units."""
+    operation, spread over the device's compute units, except a matmul (``contractions``: ``contraction_flops``)
+    where the device has a register-tiled GEMM (``contraction_gflops``): a launch and its flops at that rate."""
     measured = measured or {}
+    contractions = contractions or {}
+
+    def units(device: str) -> int:
+        return info(device).compute_units
 
     def cost(c: Class, n: Node) -> float:
         if measured:
@@ -88,15 +94,32 @@ def default_cost(compute_units: Callable[[str], int],
             if t is not None:
                 return t
         if n.op is Ops.KERNEL:
-            return n.arg.est_ns + sum(_copy_ns(x, compute_units) for x in n.arg.inputs)
+            return n.arg.est_ns + sum(_copy_ns(x, units) for x in n.arg.inputs)
+        flops = contractions.get(id(c))
+        if flops is not None:
+            dev = info(c.device)
+            if dev.contraction_gflops > 0:  # a kernel of its own; the product is inside it (0 flops)
+                if not flops:
+                    return 0.0
+                return dev.launch_overhead_ns + flops * c.dtype.itemsize / (4 * dev.contraction_gflops)
         if n.op in ELEMENTWISE:
-            return c.numel * GENERATED_NS_PER_ELEMENT / compute_units(c.device)
+            return c.numel * GENERATED_NS_PER_ELEMENT / units(c.device)
         if n.op is Ops.REDUCE:
-            return n.srcs[0].numel * GENERATED_NS_PER_ELEMENT / compute_units(c.device)
+            return n.srcs[0].numel * GENERATED_NS_PER_ELEMENT / units(c.device)
         return 0.0
 
     cost.measured = measured
     return cost
+
+
+def contraction_flops(matmuls: Iterable[Matmul]) -> dict[int, int]:
+    """``default_cost``'s ``contractions``: the id of each matmul's class -> its flops, and of the product it sums
+    (a generated contraction multiplies as it accumulates) -> 0."""
+    out: dict[int, int] = {}
+    for m in matmuls:
+        out[id(m.cls)] = m.flops
+        out[id(m.cls.srcs[0])] = 0
+    return out
 
 
 def _copy_ns(x: Class, compute_units: Callable[[str], int]) -> float:

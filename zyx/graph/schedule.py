@@ -23,7 +23,7 @@ from zyx.backends import autotune
 from zyx.backends.base import BackendError, Device, ErrorStatus, LibraryKernel, Pool
 from zyx.backends.registry import registry
 from zyx.graph import measure
-from zyx.graph.extract import Graph, default_cost, extract, needed
+from zyx.graph.extract import Graph, contraction_flops, default_cost, extract, needed
 from zyx.graph.fuse import fuse
 from zyx.graph.node import Buffer, Class
 from zyx.ops import Ops
@@ -160,7 +160,8 @@ def plan(order: list[Class], leaves: list[Class], outputs: list[Class], match: b
         if autotune.active():
             measured = measure.matmul_costs(graph.matmuls(), lambda name: reg.get(name).pool,
                                             lambda name: _device_key(reg.get(name).primary), _generated_timer)
-    chosen = extract(outputs, default_cost(lambda name: reg.get(name).primary.info().compute_units, measured))
+    contractions = contraction_flops(graph.matmuls()) if match else None
+    chosen = extract(outputs, default_cost(lambda name: reg.get(name).primary.info(), measured, contractions))
     if chosen:
         order = needed(outputs, chosen)
     fusion = fuse(order, outputs, chosen)

@@ -28,6 +28,7 @@ class DeviceInfo:
     vector_registers: int = 16  # how many of them (register tiles are sized to fit)
     # Rough peaks for the cost model (extraction); measured time replaces them when autotuning.
     peak_gflops: float = 10.0
+    contraction_gflops: float = 0.0  # the generated register-tiled GEMM's rate; 0: its reduces cost per element
     memory_gbps: float = 10.0
     launch_overhead_ns: int = 2_000
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)

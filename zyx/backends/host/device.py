@@ -84,6 +84,14 @@ class _Program:
         return arr, slots
 
 
+# The generated register-tiled GEMM's rate for the cost model (float32; float64 half): 0.8 of the BLAS device's
+# estimate (40 per thread), so a plain matmul keeps the library (the two within 10% of each other at 1024^3) and one
+# whose columns BLAS needs copied out first (two passes) goes generated unless its rows are many (at least 160):
+# a 3x3 convolution, 32 -> 64 channels, batch 32 of 32^2, took 8.3-11.9 ms through BLAS (im2col and sgemm), 4.6-6.6
+# generated, which packs its panels from the padded input itself (medians of 4-5 processes, 2 cores).
+CONTRACTION_GFLOPS_PER_THREAD = 32.0
+
+
 class HostDevice(Device):
     def __init__(self, pool: HostPool, cc: str = "cc", openmp: bool = True, threads: int | None = None) -> None:
         self._pool = pool
@@ -97,7 +105,8 @@ class HostDevice(Device):
                                 dtypes=frozenset(d.name for d in dtypes.ALL), vector_bytes=self.compiler.simd[0],
                                 vector_registers=self.compiler.simd[1],
                                 peak_gflops=8.0 * self.threads * 2, memory_gbps=8.0 * min(self.threads, 4),
-                                launch_overhead_ns=5_000)
+                                launch_overhead_ns=5_000,
+                                contraction_gflops=CONTRACTION_GFLOPS_PER_THREAD * self.threads)
 
     def info(self) -> DeviceInfo:
         return self._info
