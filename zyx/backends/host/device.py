@@ -84,12 +84,13 @@ class _Program:
         return arr, slots
 
 
-# The generated register-tiled GEMM's rate for the cost model (float32; float64 half): 0.8 of the BLAS device's
-# estimate (40 per thread), so a plain matmul keeps the library (the two within 10% of each other at 1024^3) and one
-# whose columns BLAS needs copied out first (two passes) goes generated unless its rows are many (at least 160):
-# a 3x3 convolution, 32 -> 64 channels, batch 32 of 32^2, took 8.3-11.9 ms through BLAS (im2col and sgemm), 4.6-6.6
-# generated, which packs its panels from the padded input itself (medians of 4-5 processes, 2 cores).
-CONTRACTION_GFLOPS_PER_THREAD = 32.0
+# The generated register-tiled GEMM's rate for the cost model (float32; float64 half): the BLAS device's estimate
+# (40 per thread). A plain matmul keeps the library (its launch is counted cheaper; the two GEMMs within 10% of each
+# other at 1024^3); one whose operand BLAS needs copied out first goes generated, which packs its panels from the
+# view itself: every convolution measured (2 cores, medians of 3 processes, forward; im2col + sgemm -> generated):
+# 3x3 64 -> 64 at 8x56^2 10.8 -> 7.2 ms, 128 -> 128 at 8x28^2 9.3 -> 6.1, 256 -> 256 at 8x14^2 8.5 -> 6.4, 3x3
+# stride 2 64 -> 128 5.1 -> 3.3, 1x1 64 -> 256 at 8x56^2 4.2 -> 2.3 (a 7x7 stride-2 stem, 3 -> 32: 1.38 -> 1.50).
+CONTRACTION_GFLOPS_PER_THREAD = 40.0
 
 
 class HostDevice(Device):
