@@ -785,6 +785,24 @@ class CRenderer(CStyleRenderer):
             lines.append(f"{i1}zj += zl;")
             lines.append(f"{ind}}}")
 
+        def pack(ind: str, columns: tuple[str, list[str]], target: str, inside: str | None = None) -> None:
+            """One pack loop nest storing ``c.b`` into ``target`` (0 where ``inside`` is false): the column loop
+            ``columns`` (its header, the values it defines) and the k loop, k outer unless ``g.pack_k_inner``; the
+            inner loop is the vectorized one."""
+            k_loop = (f"{it} zk = 0; zk < zkc; zk++", [f"const {it} {rk} = zpc + zk;"])
+            outer, inner = (columns, k_loop) if g.pack_k_inner else (k_loop, columns)
+            lines.append(f"{ind}for ({outer[0]}) {{")
+            lines.extend(f"{ind}  {x}" for x in outer[1])
+            lines.append(f"{ind}  #pragma omp simd")
+            lines.append(f"{ind}  for ({inner[0]}) {{")
+            lines.extend(f"{ind}    {x}" for x in inner[1])
+            name: dict[Expr, str] = {}
+            values([c.b], ind + "    ", name)
+            value = operand(c.b, name)
+            lines.append(f"{ind}    {target} = {value if inside is None else f'{inside} ? {value} : {zero}'};")
+            lines.append(f"{ind}  }}")
+            lines.append(f"{ind}}}")
+
         zero = self.literal(0, d)
         pack_bytes = -(-kc * nc * d.itemsize // 64) * 64 + 64
 
@@ -829,20 +847,7 @@ class CRenderer(CStyleRenderer):
                              f"zb[zk * {nr} + zj] = {zero};")
 
             def pack_run(ind: str) -> None:
-                outer, inner = (("int zt = 0; zt < zl; zt++", f"{rn} = zo + zt"),
-                                (f"{it} zk = 0; zk < zkc; zk++", f"{rk} = zpc + zk"))
-                if not g.pack_k_inner:  # along the run of columns, k outer
-                    outer, inner = inner, outer
-                lines.append(f"{ind}for ({outer[0]}) {{")
-                lines.append(f"{ind}  const {it} {outer[1]};")
-                lines.append(f"{ind}  #pragma omp simd")
-                lines.append(f"{ind}  for ({inner[0]}) {{")
-                lines.append(f"{ind}    const {it} {inner[1]};")
-                name: dict[Expr, str] = {}
-                values([c.b], ind + "    ", name)
-                lines.append(f"{ind}    zb[zk * {nr} + zj + zt] = {operand(c.b, name)};")
-                lines.append(f"{ind}  }}")
-                lines.append(f"{ind}}}")
+                pack(ind, ("int zt = 0; zt < zl; zt++", [f"const {it} {rn} = zo + zt;"]), f"zb[zk * {nr} + zj + zt]")
 
             segments("zs0", "zw", i4, pack_run)
         # a whole micro-panel needs no clamped column index: its loads stay affine in zj, so a right operand
@@ -858,27 +863,12 @@ class CRenderer(CStyleRenderer):
             else:
                 lines.append(f"{i4}if (zjc + zp * {nr} + {nr} <= {n}) {{" if whole else f"{i4}else {{")
             if whole:
-                columns = [f"const {it} {rn} = zjc + zp * {nr} + zj;"]
+                pack(i5, (f"{it} zj = 0; zj < {nr}; zj++", [f"const {it} {rn} = zjc + zp * {nr} + zj;"]),
+                     f"zb[zk * {nr} + zj]")
             else:
-                columns = [f"const {it} zn = zjc + zp * {nr} + zj;", f"const {it} {rn} = zn < {n} ? zn : {n - 1};"]
-            outer = (f"{it} zk = 0; zk < zkc; zk++", [f"const {it} {rk} = zpc + zk;"])
-            inner = (f"{it} zj = 0; zj < {nr}; zj++", columns)
-            if g.pack_k_inner:
-                outer, inner = inner, outer
-            i6, i7 = i5 + "  ", i5 + "    "
-            lines.append(f"{i5}for ({outer[0]}) {{")
-            lines.extend(i6 + x for x in outer[1])
-            lines.append(f"{i6}#pragma omp simd")
-            lines.append(f"{i6}for ({inner[0]}) {{")
-            lines.extend(i7 + x for x in inner[1])
-            name: dict[Expr, str] = {}
-            values([c.b], i7, name)
-            if whole:
-                lines.append(f"{i7}zb[zk * {nr} + zj] = {operand(c.b, name)};")
-            else:
-                lines.append(f"{i7}zb[zk * {nr} + zj] = zn < {n} ? {operand(c.b, name)} : {zero};")
-            lines.append(f"{i6}}}")
-            lines.append(f"{i5}}}")
+                pack(i5, (f"{it} zj = 0; zj < {nr}; zj++", [f"const {it} zn = zjc + zp * {nr} + zj;",
+                                                             f"const {it} {rn} = zn < {n} ? zn : {n - 1};"]),
+                     f"zb[zk * {nr} + zj]", f"zn < {n}")
             lines.append(f"{i4}}}")
         lines.append(f"{i3}}}")
         # the tiles of the panel, row tiles outer (a thread keeps its rows of the left operand while it sweeps)
