@@ -11,7 +11,7 @@ import ctypes
 import numpy as np
 import pytest
 from conftest import host_without_blas, kernels_of, passes_off
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import zyx
@@ -396,6 +396,86 @@ def test_random_convolutions_tile_and_match_numpy(batch, o, c, h, w, kh, kw, pad
     tiled = opt.gemm_contraction(opt.merge_loops(opt.drop_unit_loops(k))) is not None
     assert (ko.gemm is not None) == tiled
     _check(out, _conv_reference(xs, o, kh, kw, pad), dtypes.float32, c * kh * kw)
+
+
+def test_a_padded_convolutions_pack_copies_its_window_and_fills_the_borders():
+    """The padding's guards are comparisons affine in the innermost column (x + j - pad in [0, w)): the pack
+    computes per run where they all hold (``opt.gate_window``), copies the input there with no select, and stores
+    the guards' false value (0) before and after. The output is bitwise the one packed with selects."""
+    k = _conv_kernel(2, 64, 8, 12, 40, 3, 3, 1)
+    ko = opt.optimize(k, HOST2)
+    w = ko.gemm.window
+    assert w is not None and sorted(b[3] for b in w.bounds) == [-1, 0, 0, 1]
+    assert Ops.WHERE not in {e.op for e in ir.toposort([w.inside])}
+    assert w.outside.op is Ops.CONST and w.outside.arg == 0
+    src = CRenderer().render(ko)
+    assert "zlo" in src and "for (int zt = zlo; zt < zhi; zt++)" in src
+    xs = _conv_inputs(2, 64, 8, 12, 40, 3, 3)
+    out, _ = _run_kernel(k, xs)
+    with passes_off("pack_window"):
+        assert opt.optimize(k, HOST2).gemm.window is None
+        off, _ = _run_kernel(k, xs)
+    np.testing.assert_array_equal(out, off)
+    _check(out, _conv_reference(xs, 64, 3, 3, 1), dtypes.float32, 72)
+
+
+def test_a_window_needs_affine_guards():
+    """A gated load whose index is no affine function of the loop has no window (its loads would not run along
+    the loop); a select on a value (relu) is no guard and stays in both parts; guards with different conditions
+    keep the guarded value outside the window."""
+    f32, it = dtypes.float32, ir.index_dtype
+    r, q = ir.range_(0, 16), ir.range_(1, 4)
+    lt = ir.alu(Ops.CMPLT, r, ir.const(10, it))
+    assert opt.gate_window(ir.load(1, f32, (r * r), lt), r) is None
+    x = ir.load(1, f32, r + q * 16)
+    relu = ir.alu(Ops.WHERE, ir.alu(Ops.CMPLT, ir.const(0.0, f32), x), x, ir.const(0.0, f32))
+    assert opt.gate_window(relu, r) is None
+    guarded = ir.load(2, f32, r + 3, lt)
+    w = opt.gate_window(ir.alu(Ops.ADD, relu, guarded), r)
+    assert w is not None and w.bounds == ((r, ir.const(10, it), True, 1),)
+    assert Ops.WHERE in {e.op for e in ir.toposort([w.inside])} and w.outside.op is not Ops.CONST
+    ge = ir.alu(Ops.CMPLE, ir.const(2, it), r + q)
+    two = opt.gate_window(ir.alu(Ops.ADD, guarded, ir.load(2, f32, r, ge)), r)
+    assert len(two.bounds) == 2 and two.outside is ir.alu(Ops.ADD, guarded, ir.load(2, f32, r, ge))
+
+
+@settings(max_examples=10, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@given(dims=st.sampled_from((1, 2)), size=st.integers(3, 40), kernel=st.integers(2, 5), stride=st.integers(1, 3),
+       padding=st.integers(1, 3), dilation=st.integers(1, 2), flip=st.sampled_from(("no", "input", "padded")),
+       seed=st.integers(0, 99))
+def test_windowed_packs_of_convolutions_match_torch(dims, size, kernel, stride, padding, dilation, flip, seed,
+                                                    monkeypatch):
+    """conv1d (one column loop: whole micro-panels) and conv2d (runs along a row), any stride (coefficients 2 and
+    3 in the guards), dilation and padding; the input reversed before the padding, or after an uneven one (the
+    guards' coefficients negative): the windowed pack computes what the pack with selects computes, bitwise, and
+    torch's convolution."""
+    torch = pytest.importorskip("torch")
+    from zyx.nn import functional as F
+
+    assume(((size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1) ** dims >= 8)  # 8 columns to tile
+    monkeypatch.setattr(opt, "GEMM_MIN_WORK", 1)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((2, 3) + (size,) * dims).astype(np.float32)
+    w = rng.standard_normal((10, 3) + (kernel,) * dims).astype(np.float32)
+    conv, tconv = (F.conv1d, torch.nn.functional.conv1d) if dims == 1 else (F.conv2d, torch.nn.functional.conv2d)
+    kw = dict(stride=stride, padding=0 if flip == "padded" else padding, dilation=dilation)
+    pads = ((0, 0), (0, 0)) + ((padding, padding + 1),) * dims
+    xr = {"no": x, "input": x[..., ::-1], "padded": np.pad(x, pads)[..., ::-1]}[flip]
+    ref = tconv(torch.from_numpy(xr.copy()), torch.from_numpy(w), **kw).numpy()
+    outs = []
+    with host_without_blas():
+        for off in ((), ("pack_window",)):
+            with passes_off(*off):
+                X = zyx.Tensor(x)
+                X = {"no": X, "input": X.flip(-1), "padded": X.pad(pads).flip(-1)}[flip]
+                y = conv(X, zyx.Tensor(w), **kw)
+                plans = [p for k in kernels_of(y) if (p := opt.optimize(k, _host().info()).gemm) is not None]
+                assert plans and all((p.window is None) == bool(off) for p in plans), plans
+                if flip == "padded" and not off:
+                    assert any(b[3] < 0 for p in plans for b in p.window.bounds if b[2]), plans
+                outs.append(y.numpy())
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_allclose(outs[0], ref, rtol=1e-4, atol=1e-4)
 
 
 def test_columns_are_only_loops_the_left_operand_does_not_read():

@@ -894,6 +894,7 @@ class GemmTile:
     cols: tuple[Expr, ...]  # the column loops, outer to inner (``c.n`` last)
     per_batch: bool = False  # threads split the batch indices (each its own panel), not each batch's tiles
     pack_k_inner: bool = False  # the pack runs k innermost, not along the columns (``_gemm_pack_k_inner``)
+    window: GateWindow | None = None  # the pack's column runs split at the gates of ``c.b`` (``gate_window``)
 
     @property
     def n(self) -> int:
@@ -1009,6 +1010,68 @@ def _gemm_pack_k_inner(c: Contraction) -> bool:
     return any(ir.affine_coefficient(e.srcs[0], c.n) is None for e in ir.toposort([c.b]) if e.op is Ops.LOAD)
 
 
+@dataclass(frozen=True)
+class GateWindow:
+    """Where along a loop ``r`` every guard of a value (a gated load, or a select on the index) holds
+    (``gate_window``). ``bounds`` are the guards' comparisons as ``(lhs, rhs, strict, coef)``: ``lhs < rhs`` (``<=``
+    unless strict), ``coef`` the coefficient of ``r`` in ``lhs - rhs``, so that each holds on one interval of ``r``.
+    ``inside`` is the value with every guard true (loads unconditional, selects their first branch): equal to the
+    value wherever every bound holds. ``outside`` is the value with every guard false, equal to it wherever some
+    bound fails, when the guards share one condition (else the value itself)."""
+
+    bounds: tuple[tuple[Expr, Expr, bool, int], ...]
+    inside: Expr
+    outside: Expr
+
+
+def _conjuncts(cond: Expr) -> list[Expr] | None:
+    """The comparisons of integers whose AND is ``cond``; None when it is of another form."""
+    if cond.op is Ops.AND and cond.dtype is dtypes.bool_:
+        a, b = _conjuncts(cond.srcs[0]), _conjuncts(cond.srcs[1])
+        return None if a is None or b is None else a + b
+    if cond.op in (Ops.CMPLT, Ops.CMPLE) and all(x.dtype.is_int for x in cond.srcs):
+        return [cond]
+    return None
+
+
+def gate_window(value: Expr, r: Expr) -> GateWindow | None:
+    """The window of ``value``'s guards along loop ``r`` (``GateWindow``). A guard is a gated load whose gate is a
+    conjunction of integer comparisons affine in ``r`` and whose index is affine in ``r``, or a select whose
+    condition is such a conjunction. A padded input read through a window (a convolution's implicit im2col) is
+    guarded so: inside the window its loads are contiguous along ``r`` with no select, and only the borders keep
+    the padding. None when ``value`` has no guard, or a gated load of another form."""
+    inside: dict[Expr, Expr] = {}
+    outside: dict[Expr, Expr] = {}
+    conds: dict[int, Expr] = {}
+    bounds: dict[tuple, None] = {}
+    for e in ir.toposort([value]):
+        gated = e.op is Ops.LOAD and len(e.srcs) > 1
+        if not gated and e.op is not Ops.WHERE:
+            continue
+        cond = e.srcs[1] if gated else e.srcs[0]
+        terms = _conjuncts(cond)
+        coefs = [[ir.affine_coefficient(x, r) for x in t.srcs] for t in terms or ()]
+        if terms is None or any(None in cs for cs in coefs):
+            if gated:
+                return None
+            continue
+        if gated and ir.affine_coefficient(e.srcs[0], r) is None:
+            return None
+        conds[id(cond)] = cond
+        for t, (a, b) in zip(terms, coefs):
+            bounds[(*t.srcs, t.op is Ops.CMPLT, a - b)] = None
+        if gated:
+            inside[e] = ir.load(e.arg, e.dtype, ir.substitute(e.srcs[0], inside))
+            outside[e] = ir.const(0, e.dtype)
+        else:
+            inside[e] = ir.substitute(e.srcs[1], inside)
+            outside[e] = ir.substitute(e.srcs[2], outside)
+    if not inside:
+        return None
+    return GateWindow(tuple(bounds), ir.substitute(value, inside),
+                      ir.substitute(value, outside) if len(conds) == 1 else value)
+
+
 def gemm_search_space(k: Kernel, info: DeviceInfo) -> dict[str, tuple[int, ...]]:
     """``tile_gemm``'s parameters for ``k`` (heuristic's value first); empty when it does not apply."""
     k = merge_loops(drop_unit_loops(k))
@@ -1050,14 +1113,17 @@ def tile_gemm(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Kern
     nc = max(nr, int(p["gemm_nc"]) // nr * nr)
     nc = min(nc, -(-n // nr) * nr)
     per_batch = bool(p["gemm_batch"]) and _gemm_batches(k, c) > 1
+    k_inner = _gemm_pack_k_inner(c)
+    window = None if k_inner or "pack_window" in DISABLED else gate_window(c.b, c.n)
     return replace(k, parallel=0, vector=False, gemm=GemmTile(c, mr, nr, nc, kc, partial, direct, cols, per_batch,
-                                                              _gemm_pack_k_inner(c)))
+                                                              k_inner, window))
 
 
 # the optional host passes, by the names DISABLED takes
-PASS_NAMES = frozenset({"gemm", "column_block", "block_vector_reduce", "stash_row_values", "split_divmod_loops",
-                        "split_divmod_reduces", "ungate_loads", "upcast_taps", "unroll_divmod_loops", "unroll_reduce",
-                        "upcast_rows", "transpose", "prefetch", "prefetch_streams", "scatter"})
+PASS_NAMES = frozenset({"gemm", "column_block", "pack_window", "block_vector_reduce", "stash_row_values",
+                        "split_divmod_loops", "split_divmod_reduces", "ungate_loads", "upcast_taps",
+                        "unroll_divmod_loops", "unroll_reduce", "upcast_rows", "transpose", "prefetch",
+                        "prefetch_streams", "scatter"})
 DISABLED: set[str] = set()  # names of optional host passes switched off (tests compare outputs with and without)
 
 

@@ -785,23 +785,65 @@ class CRenderer(CStyleRenderer):
             lines.append(f"{i1}zj += zl;")
             lines.append(f"{ind}}}")
 
-        def pack(ind: str, columns: tuple[str, list[str]], target: str, inside: str | None = None) -> None:
+        def pack(ind: str, columns: tuple[str, str, str, list[str]], target: str, inside: str | None = None,
+                 base: str | None = None) -> None:
             """One pack loop nest storing ``c.b`` into ``target`` (0 where ``inside`` is false): the column loop
-            ``columns`` (its header, the values it defines) and the k loop, k outer unless ``g.pack_k_inner``; the
-            inner loop is the vectorized one."""
-            k_loop = (f"{it} zk = 0; zk < zkc; zk++", [f"const {it} {rk} = zpc + zk;"])
+            ``columns`` (its variable's type and name, trip count, and the values it defines) and the k loop, k
+            outer unless ``g.pack_k_inner``; the inner loop is the vectorized one. With ``g.window`` and ``base``
+            (the innermost column index at the column loop's first iteration), the column loop runs in three
+            parts: the window's value outside it before and after it, and its value inside it in the middle."""
+            k_loop = (it, "zk", "zkc", [f"const {it} {rk} = zpc + zk;"])
             outer, inner = (columns, k_loop) if g.pack_k_inner else (k_loop, columns)
-            lines.append(f"{ind}for ({outer[0]}) {{")
-            lines.extend(f"{ind}  {x}" for x in outer[1])
-            lines.append(f"{ind}  #pragma omp simd")
-            lines.append(f"{ind}  for ({inner[0]}) {{")
-            lines.extend(f"{ind}    {x}" for x in inner[1])
-            name: dict[Expr, str] = {}
-            values([c.b], ind + "    ", name)
-            value = operand(c.b, name)
-            lines.append(f"{ind}    {target} = {value if inside is None else f'{inside} ? {value} : {zero}'};")
-            lines.append(f"{ind}  }}")
+            t, var, count, defs = outer
+            lines.append(f"{ind}for ({t} {var} = 0; {var} < {count}; {var}++) {{")
+            lines.extend(f"{ind}  {x}" for x in defs)
+            i1 = ind + "  "
+            if g.window is None or base is None or g.pack_k_inner:
+                parts = [("0", inner[2], c.b, True)]
+            else:
+                window(i1, base, inner[2])
+                w = g.window
+                parts = [("0", "zlo", w.outside, False), ("zlo", "zhi", w.inside, True),
+                         ("zhi", inner[2], w.outside, False)]
+            t, var, _, defs = inner
+            for lo, hi, v, simd in parts:
+                if simd:
+                    lines.append(f"{i1}#pragma omp simd")
+                lines.append(f"{i1}for ({t} {var} = {lo}; {var} < {hi}; {var}++) {{")
+                if v.op is not Ops.CONST:
+                    lines.extend(f"{i1}  {x}" for x in defs)
+                name: dict[Expr, str] = {}
+                values([v], i1 + "  ", name)
+                value = operand(v, name)
+                lines.append(f"{i1}  {target} = {value if inside is None else f'{inside} ? {value} : {zero}'};")
+                lines.append(f"{i1}}}")
             lines.append(f"{ind}}}")
+
+        def window(ind: str, base: str, count: str) -> None:
+            """Define ``zlo`` <= ``zhi`` in [0, ``count``]: the column loop's iterations where every bound of
+            ``g.window`` holds, the innermost column index being ``base`` + the iteration. A bound ``lhs - rhs +
+            coef * t < 0`` (``e + coef * t < 0`` with ``e`` = lhs - rhs, less 1 when not strict) gives ``t < -e /
+            coef`` for ``coef`` > 0, ``t > e / -coef`` for ``coef`` < 0, and holds everywhere or nowhere for 0."""
+            lines.append(f"{ind}int zlo = 0, zhi = (int)({count});")
+            lines.append(f"{ind}{{")
+            i1 = ind + "  "
+            lines.append(f"{i1}const {it} {rn} = {base};")
+            name: dict[Expr, str] = {}
+            values([x for b in g.window.bounds for x in b[:2]], i1, name)
+            for lhs, rhs, strict, coef in g.window.bounds:
+                e = f"({operand(lhs, name)} - {operand(rhs, name)}{'' if strict else ' - 1'})"
+                if coef == 0:
+                    lines.append(f"{i1}if ({e} >= 0) zhi = 0;")
+                    continue
+                q = abs(coef)  # t < ceil(-e / coef) = floor((q - 1 - e) / q), or t > floor(e / q)
+                num = f"{q - 1} - {e}" if coef > 0 else e
+                floor = "zgn" if q == 1 else f"(zgn >= 0 ? zgn / {q} : -((-zgn + {q - 1}) / {q}))"
+                lines.append(f"{i1}{{ const {it} zgn = {num}, zgb = {floor}; " +
+                             ("if (zgb < zhi) zhi = (int)zgb; }" if coef > 0 else
+                              "if (zgb + 1 > zlo) zlo = (int)(zgb + 1); }"))
+            lines.append(f"{ind}}}")
+            lines.append(f"{ind}if (zlo > {count}) zlo = {count};")
+            lines.append(f"{ind}if (zhi < zlo) zhi = zlo;")
 
         zero = self.literal(0, d)
         pack_bytes = -(-kc * nc * d.itemsize // 64) * 64 + 64
@@ -847,7 +889,8 @@ class CRenderer(CStyleRenderer):
                              f"zb[zk * {nr} + zj] = {zero};")
 
             def pack_run(ind: str) -> None:
-                pack(ind, ("int zt = 0; zt < zl; zt++", [f"const {it} {rn} = zo + zt;"]), f"zb[zk * {nr} + zj + zt]")
+                pack(ind, ("int", "zt", "zl", [f"const {it} {rn} = zo + zt;"]), f"zb[zk * {nr} + zj + zt]",
+                     base="zo")
 
             segments("zs0", "zw", i4, pack_run)
         # a whole micro-panel needs no clamped column index: its loads stay affine in zj, so a right operand
@@ -863,11 +906,11 @@ class CRenderer(CStyleRenderer):
             else:
                 lines.append(f"{i4}if (zjc + zp * {nr} + {nr} <= {n}) {{" if whole else f"{i4}else {{")
             if whole:
-                pack(i5, (f"{it} zj = 0; zj < {nr}; zj++", [f"const {it} {rn} = zjc + zp * {nr} + zj;"]),
-                     f"zb[zk * {nr} + zj]")
+                pack(i5, (it, "zj", str(nr), [f"const {it} {rn} = zjc + zp * {nr} + zj;"]), f"zb[zk * {nr} + zj]",
+                     base=f"zjc + zp * {nr}")
             else:
-                pack(i5, (f"{it} zj = 0; zj < {nr}; zj++", [f"const {it} zn = zjc + zp * {nr} + zj;",
-                                                             f"const {it} {rn} = zn < {n} ? zn : {n - 1};"]),
+                pack(i5, (it, "zj", str(nr), [f"const {it} zn = zjc + zp * {nr} + zj;",
+                                          f"const {it} {rn} = zn < {n} ? zn : {n - 1};"]),
                      f"zb[zk * {nr} + zj]", f"zn < {n}")
             lines.append(f"{i4}}}")
         lines.append(f"{i3}}}")
