@@ -63,6 +63,27 @@ def _kernels(fn) -> list[Kernel]:
         utils.KERNEL_LOG = outer
 
 
+# ---- segments of a split loop ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sizes,parallel", [((60000, 9000), (1, 1)), ((60000, 4000), (1, 0)),
+                                            ((20000, 9000), (0, 0))])
+def test_segments_of_a_big_kernel_run_in_parallel_from_less_work(sizes, parallel):
+    """``cat``'s pieces are segments of one kernel (``split_segments``): when the kernel has PARALLEL_MIN_WORK in
+    all, a segment runs in parallel from PARALLEL_SEGMENT_MIN_WORK (the threads are awake already); a small kernel
+    keeps every segment on one thread. Values are NumPy's either way."""
+    assert 4000 < opt.PARALLEL_SEGMENT_MIN_WORK < 9000 and 20000 + 9000 < opt.PARALLEL_MIN_WORK < 60000
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+    ts = [zyx.Tensor(x).realize() for x in xs]
+    (k,) = _kernels(lambda: (zyx.cat(ts) * 2).numpy())
+    ko = opt.optimize(k, HOST2)
+    segments = (ko, *ko.then)
+    assert len(segments) == 2 and tuple(min(1, s.parallel) for s in segments) == parallel
+    assert CRenderer().render(ko).count("omp parallel") == sum(parallel)
+    np.testing.assert_array_equal(_run(lambda: (zyx.cat(ts) * 2).numpy())[0], np.concatenate(xs) * 2)
+
+
 # ---- column sums ---------------------------------------------------------------------------------------------
 
 

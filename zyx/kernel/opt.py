@@ -52,6 +52,10 @@ from zyx.kernel.target import DeviceInfo
 from zyx.ops import TRANSCENDENTAL, Ops
 
 PARALLEL_MIN_WORK = 1 << 15
+# a segment of a split loop (``split_segments``) whose kernel has PARALLEL_MIN_WORK in all runs in parallel from
+# this much work: the other segments' regions have woken the threads already. The border segments of a 7x7 stride-2
+# input gradient's phases (10,752 elements, each adding strided columns) had run on one thread: 0.66 -> 0.47 ms
+PARALLEL_SEGMENT_MIN_WORK = 1 << 13
 SPLIT_REDUCE_MIN = 1 << 15
 WIDE_ACC_MIN = 1 << 11
 
@@ -514,10 +518,11 @@ def work(k: Kernel) -> int:
     return k.size * red
 
 
-def parallelize(k: Kernel, info: DeviceInfo, collapse: int | None = None) -> Kernel:
+def parallelize(k: Kernel, info: DeviceInfo, collapse: int | None = None,
+                min_work: int = PARALLEL_MIN_WORK) -> Kernel:
     """Run the outer loop in parallel (``parallel`` = 1), or the outer two collapsed (2) when the outer loop is
-    short; ``collapse`` = 1 or 2 overrides that choice where collapsing is legal. A lone root reduce of enough work
-    splits across the units instead."""
+    short, for at least ``min_work`` (``work``); ``collapse`` = 1 or 2 overrides that choice where collapsing is
+    legal. A lone root reduce of enough work splits across the units instead."""
     if info.compute_units <= 1:
         return k
     w = work(k)
@@ -528,7 +533,7 @@ def parallelize(k: Kernel, info: DeviceInfo, collapse: int | None = None) -> Ker
             return replace(k, split_reduce=True)
         return k
     scans = k.scan_ranges()
-    if w < PARALLEL_MIN_WORK or k.loops[0] in scans:
+    if w < min_work or k.loops[0] in scans:
         return k
     n = 1
     outer = k.loops[0].arg[1]
@@ -1158,18 +1163,21 @@ def optimize(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Kerne
         return merge_loops(k)
     parts = []
     units = 1 if "column_block" in DISABLED else info.compute_units
-    for part in split_segments(k):
+    segments = split_segments(k)
+    big = len(segments) > 1 and sum(map(work, segments)) >= PARALLEL_MIN_WORK
+    min_work = PARALLEL_SEGMENT_MIN_WORK if big else PARALLEL_MIN_WORK
+    for part in segments:
         part = merge_reduce_ranges(merge_loops(drop_unit_loops(part)))
         if "scatter" not in DISABLED and (scattered := scatter_one_hot(part)) is not None:
-            parts.append(_host_passes(scattered[0], info, p, units))
+            parts.append(_host_passes(scattered[0], info, p, units, min_work))
             parts.append(scattered[1])
             continue
-        parts.append(_host_passes(part, info, p, units))
+        parts.append(_host_passes(part, info, p, units, min_work))
     return replace(parts[0], then=tuple(parts[1:]))
 
 
-def _host_passes(part: Kernel, info: DeviceInfo, p: Params, units: int) -> Kernel:
-    """``optimize``'s passes for one segment, after its loops are merged."""
+def _host_passes(part: Kernel, info: DeviceInfo, p: Params, units: int, min_work: int) -> Kernel:
+    """``optimize``'s passes for one segment, after its loops are merged (``min_work``: ``parallelize``'s)."""
     if "split_divmod_loops" not in DISABLED:
         part = split_divmod_loops(part)
     if "unroll_divmod_loops" not in DISABLED:
@@ -1188,7 +1196,7 @@ def _host_passes(part: Kernel, info: DeviceInfo, p: Params, units: int) -> Kerne
         part = tile_transpose(part, p.get("transpose_tile"))
     part = interchange_reduce(part, units, column_blocks="column_block" not in DISABLED,
                               tile=p.get("interchange_tile"), column_block=p.get("column_block"))
-    part = parallelize(part, info, p.get("collapse"))
+    part = parallelize(part, info, p.get("collapse"), min_work)
     part = vectorize(part)
     part = widen_accumulators(part)
     if "unroll_reduce" not in DISABLED:
