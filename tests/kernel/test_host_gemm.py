@@ -620,17 +620,21 @@ def test_a_weight_gradient_packs_along_k_and_matches_torch(stride, kernel, paddi
         np.testing.assert_allclose(X.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-4)
     assert forward and not any(p.pack_k_inner for p in forward), forward
     assert any(p.pack_k_inner for p in weight_grad), weight_grad
+    chunk = opt.GEMM_PACK_K_CHUNK
+    assert all(p.k_chunk == (chunk if p.pack_k_inner and p.kc > chunk else 0) for p in forward + weight_grad)
 
 
 @settings(max_examples=8, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
-@given(m=st.integers(2, 20), kk=st.integers(4, 50), third=st.integers(3, 30), split=st.booleans(),
+@given(m=st.integers(2, 20), kk=st.integers(4, 50), third=st.integers(4, 30), split=st.booleans(),
        mr=st.sampled_from(opt.GEMM_MR), nr=st.sampled_from((16, 32, 7)), nc=st.sampled_from((1, 33, 512)),
-       kc=st.integers(1, 40))
-def test_columns_read_out_of_order_pack_along_k_and_match_numpy(m, kk, third, split, mr, nr, nc, kc, monkeypatch):
+       kc=st.integers(1, 40), chunk=st.sampled_from((1, 3, 7, 64)))
+def test_columns_read_out_of_order_pack_along_k_and_match_numpy(m, kk, third, split, mr, nr, nc, kc, chunk,
+                                                                 monkeypatch):
     """The right operand's columns permuted (column j reads stored column (j % 3) * third + j // 3: no affine
-    index), in one column loop or two (``split``: (j // third, j % third)), any tile: the pack runs k innermost and the
-    product is NumPy's."""
+    index), in one column loop or two (``split``: (j // third, j % third)), any tile and chunk of k: the pack runs k
+    innermost and the product is NumPy's."""
     monkeypatch.setattr(opt, "GEMM_MIN_WORK", 1)
+    monkeypatch.setattr(opt, "GEMM_PACK_K_CHUNK", chunk)
     n, f32 = 3 * third, dtypes.float32
     i, r = ir.range_(0, m), ir.range_(2, kk)
     cols = (ir.range_(1, 3), ir.range_(3, third)) if split else (ir.range_(1, n),)
@@ -643,5 +647,6 @@ def test_columns_read_out_of_order_pack_along_k_and_match_numpy(m, kk, third, sp
     a, b = rng.standard_normal((m, kk)).astype(np.float32), rng.standard_normal((kk, n)).astype(np.float32)
     out, ko = _run_kernel(k, [a, b], {"gemm_mr": mr, "gemm_nr": nr, "gemm_nc": nc, "gemm_kc": kk if split else kc})
     assert ko.gemm is not None and ko.gemm.pack_k_inner
+    assert ko.gemm.k_chunk == (chunk if ko.gemm.kc > chunk else 0)
     perm = [(c % 3) * third + c // 3 for c in range(n)]
     _check(out, a.astype(np.float64) @ b[:, perm].astype(np.float64), f32, kk)

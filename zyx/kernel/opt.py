@@ -865,6 +865,10 @@ GEMM_PANEL_BYTES = 1 << 19  # a packed panel of the right operand (kc x nc): hal
 GEMM_KC = 512  # k block of a panel when k is longer than GEMM_KC_MAX (a direct store accumulates the blocks)
 GEMM_KC_MAX = 1024
 GEMM_PARTIAL = 256  # wide accumulators: float32 partial sums over this many k, added into float64 ones
+# k per chunk of a pack along k (``GemmTile.k_chunk``): a chunk of a 64-wide micro-panel is 16 KiB. A weight
+# gradient's pack had stored each column along all k, a stride of nr apart, sweeping the whole panel out of the L1
+# cache once per column: 3x3 32x32x32^2 input, 64 filters, 5.6 -> 4.35 ms (chunks of 32 or 128 alike)
+GEMM_PACK_K_CHUNK = 64
 GEMM_MR = (4, 6, 8, 12)  # candidate register-tile rows
 GEMM_NR = (1, 2, 3, 4)  # candidate register-tile widths, in vectors
 GEMM_NC = (64, 128, 256, 512)
@@ -900,6 +904,7 @@ class GemmTile:
     per_batch: bool = False  # threads split the batch indices (each its own panel), not each batch's tiles
     pack_k_inner: bool = False  # the pack runs k innermost, not along the columns (``_gemm_pack_k_inner``)
     window: GateWindow | None = None  # the pack's column runs split at the gates of ``c.b`` (``gate_window``)
+    k_chunk: int = 0  # with ``pack_k_inner``: the pack stores every column per chunk of this many k (0: all k)
 
     @property
     def n(self) -> int:
@@ -1120,8 +1125,9 @@ def tile_gemm(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Kern
     per_batch = bool(p["gemm_batch"]) and _gemm_batches(k, c) > 1
     k_inner = _gemm_pack_k_inner(c)
     window = None if k_inner or "pack_window" in DISABLED else gate_window(c.b, c.n)
+    chunk = GEMM_PACK_K_CHUNK if k_inner and kc > GEMM_PACK_K_CHUNK else 0
     return replace(k, parallel=0, vector=False, gemm=GemmTile(c, mr, nr, nc, kc, partial, direct, cols, per_batch,
-                                                              k_inner, window))
+                                                              k_inner, window, chunk))
 
 
 # the optional host passes, by the names DISABLED takes

@@ -792,14 +792,14 @@ class CRenderer(CStyleRenderer):
             outer unless ``g.pack_k_inner``; the inner loop is the vectorized one. With ``g.window`` and ``base``
             (the innermost column index at the column loop's first iteration), the column loop runs in three
             parts: the window's value outside it before and after it, and its value inside it in the middle."""
-            k_loop = (it, "zk", "zkc", [f"const {it} {rk} = zpc + zk;"])
+            k_loop = (it, "zk", "zk1" if g.k_chunk else "zkc", [f"const {it} {rk} = zpc + zk;"])
             outer, inner = (columns, k_loop) if g.pack_k_inner else (k_loop, columns)
             t, var, count, defs = outer
             lines.append(f"{ind}for ({t} {var} = 0; {var} < {count}; {var}++) {{")
             lines.extend(f"{ind}  {x}" for x in defs)
             i1 = ind + "  "
             if g.window is None or base is None or g.pack_k_inner:
-                parts = [("0", inner[2], c.b, True)]
+                parts = [("zk0" if g.k_chunk else "0", inner[2], c.b, True)]
             else:
                 window(i1, base, inner[2])
                 w = g.window
@@ -887,6 +887,11 @@ class CRenderer(CStyleRenderer):
             if n % nr:
                 lines.append(f"{i4}for ({it} zk = 0; zk < zkc; zk++) for (int zj = zw; zj < {nr}; zj++) "
                              f"zb[zk * {nr} + zj] = {zero};")
+        if g.k_chunk:  # every column of the micro-panel per chunk of k: its stores stay within the L1 cache
+            lines.append(f"{i4}for ({it} zk0 = 0; zk0 < zkc; zk0 += {g.k_chunk}) {{")
+            lines.append(f"{i4}  const {it} zk1 = zkc - zk0 < {g.k_chunk} ? zkc : zk0 + {g.k_chunk};")
+            i4 += "  "
+        if several:
 
             def pack_run(ind: str) -> None:
                 pack(ind, ("int", "zt", "zl", [f"const {it} {rn} = zo + zt;"]), f"zb[zk * {nr} + zj + zt]",
@@ -912,6 +917,9 @@ class CRenderer(CStyleRenderer):
                 pack(i5, (it, "zj", str(nr), [f"const {it} zn = zjc + zp * {nr} + zj;",
                                           f"const {it} {rn} = zn < {n} ? zn : {n - 1};"]),
                      f"zb[zk * {nr} + zj]", f"zn < {n}")
+            lines.append(f"{i4}}}")
+        if g.k_chunk:
+            i4 = i4[:-2]
             lines.append(f"{i4}}}")
         lines.append(f"{i3}}}")
         # the tiles of the panel, row tiles outer (a thread keeps its rows of the left operand while it sweeps)
