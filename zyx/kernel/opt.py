@@ -1052,7 +1052,7 @@ def gate_window(value: Expr, r: Expr) -> GateWindow | None:
     the padding. None when ``value`` has no guard, or a gated load of another form."""
     inside: dict[Expr, Expr] = {}
     outside: dict[Expr, Expr] = {}
-    conds: dict[int, Expr] = {}
+    conds: set[int] = set()  # the guards' conditions (identity: they stay alive in ``value``)
     bounds: dict[tuple, None] = {}
     for e in ir.toposort([value]):
         gated = e.op is Ops.LOAD and len(e.srcs) > 1
@@ -1067,7 +1067,7 @@ def gate_window(value: Expr, r: Expr) -> GateWindow | None:
             continue
         if gated and ir.affine_coefficient(e.srcs[0], r) is None:
             return None
-        conds[id(cond)] = cond
+        conds.add(id(cond))
         for t, (a, b) in zip(terms, coefs):
             bounds[(*t.srcs, t.op is Ops.CMPLT, a - b)] = None
         if gated:

@@ -798,7 +798,7 @@ class CRenderer(CStyleRenderer):
             lines.append(f"{ind}for ({t} {var} = 0; {var} < {count}; {var}++) {{")
             lines.extend(f"{ind}  {x}" for x in defs)
             i1 = ind + "  "
-            if g.window is None or base is None or g.pack_k_inner:
+            if g.window is None or base is None:  # (no window along k: ``tile_gemm`` gives k-inner packs none)
                 parts = [("zk0" if g.k_chunk else "0", inner[2], c.b, True)]
             else:
                 window(i1, base, inner[2])
