@@ -89,7 +89,8 @@ class _Program:
 # other at 1024^3); one whose operand BLAS needs copied out first goes generated, which packs its panels from the
 # view itself: every convolution measured (2 cores, medians of 3 processes, forward; im2col + sgemm -> generated):
 # 3x3 64 -> 64 at 8x56^2 10.8 -> 7.2 ms, 128 -> 128 at 8x28^2 9.3 -> 6.1, 256 -> 256 at 8x14^2 8.5 -> 6.4, 3x3
-# stride 2 64 -> 128 5.1 -> 3.3, 1x1 64 -> 256 at 8x56^2 4.2 -> 2.3 (a 7x7 stride-2 stem, 3 -> 32: 1.38 -> 1.50).
+# stride 2 64 -> 128 5.1 -> 3.3, 1x1 64 -> 256 at 8x56^2 4.2 -> 2.3 (a 7x7 stride-2 stem, 3 -> 32: 1.38 -> 1.50;
+# 1.04 since the windowed packs of 198ab61).
 CONTRACTION_GFLOPS_PER_THREAD = 40.0
 
 
