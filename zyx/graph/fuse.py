@@ -184,6 +184,7 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
             stored.add(c.srcs[0])
     position = {id(c): i for i, c in enumerate(order)}
     by_id = {id(c): c for c in order}
+    tiled_units: dict[tuple[int, ...], bool] = {}  # unit (member ids) -> whether its kernel is a tiled contraction
     for _round in range(len(order) + 2):
         # a value inlined by roots of different shapes (which cannot share a kernel) is stored once; the
         # latest such value first, since storing it hides everything upstream of it from those roots
@@ -234,13 +235,14 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
                 alone = id(ms[0]) if ms[0].op is Ops.SCAN else None  # a scan's loop order is its own
                 buckets.setdefault((depth[u], ms[0].device, ms[0].shape, alone), []).append(ms)
         def tiled(ms: list[Class], inline: set[Class] = inline) -> bool:
-            """Whether unit ``ms``'s kernel holds a contraction that reuses both factors (``_reuses_both``)."""
-            if not _sums_products(ms, computed_by, stored, inline):  # the cheap test first: most units have none
-                return False
-            b = KernelBuilder("k", stored - inline - set(ms), stored)
-            for c in sorted(ms, key=lambda x: position[id(x)]):
-                b.add_output(c)
-            return any(_reuses_both(r) for r in b.kernel().reduces())
+            """Whether unit ``ms``'s kernel holds a contraction that reuses both factors (``_reuses_both``). It
+            builds that kernel (6 ms for a convolution's), so the answer is kept from round to round
+            (``tiled_units``): which factors a reduce broadcasts does not depend on what else is stored."""
+            key = tuple(id(c) for c in ms)
+            if key not in tiled_units:
+                tiled_units[key] = _sums_products(ms, computed_by, stored, inline) and _tiled(
+                    ms, KernelBuilder("k", stored - inline - set(ms), stored), position)
+            return tiled_units[key]
 
         groups = [(key[0], g) for key, units_ in buckets.items() for g in _share_groups(units_, reads, tiled)]
         result: list[KernelGroup] = []
@@ -464,6 +466,13 @@ def _nested_contractions(b: KernelBuilder, computed_by: Callable[[Class], Node])
             _product_sum(computed_by(b.reduce_class[r]))]
 
 
+def _tiled(ms: list[Class], b: KernelBuilder, position: dict[int, int]) -> bool:
+    """Whether the kernel ``b`` builds for unit ``ms`` holds a contraction that reuses both factors."""
+    for c in sorted(ms, key=lambda x: position[id(x)]):
+        b.add_output(c)
+    return any(_reuses_both(r) for r in b.kernel().reduces())
+
+
 def _reuses_both(r: ir.Expr) -> bool:
     """Whether reduce ``r`` sums products whose two factors each miss a loop the other depends on (outside ``r``'s
     own ranges): every element of either factor is used for several outputs, as in a GEMM."""
@@ -502,10 +511,16 @@ def _share_groups(units: list[list[Class]], reads: dict[int, list[Class]],
     contraction the device tiles as a GEMM (``tiled``): beside another reduce it would be one loop nest per output
     (x @ wq, x @ wk and x @ wv in one kernel ran 300x slower). Dot products without reuse (a row's
     ``(x * y).sum(-1)``, a sum of squares) share: a dot product and two norms of 8192x1024 rows, 2.5 -> 1.5 ms."""
+    readers: dict[int, int] = {}  # id(stored class) -> how many units read it
+    for ms in units:
+        for d in {id(d) for c in ms for d in reads[id(c)]}:
+            readers[d] = readers.get(d, 0) + 1
     sets = UnionFind(range(len(units)))
     first_reader: dict[int, int] = {}
     for i, ms in enumerate(units):
-        if tiled(ms):
+        # a unit sharing no read stays alone whatever it computes: ``tiled`` (which builds its kernel) is not asked
+        # (asking it of every unit had made planning a convolution's forward and backward 40% slower)
+        if not any(readers[id(d)] > 1 for c in ms for d in reads[id(c)]) or tiled(ms):
             continue
         for c in ms:
             for d in reads[id(c)]:
