@@ -136,6 +136,47 @@ def test_dot_products_share_one_kernel_with_sibling_reduces(device, rng):
         assert_close(b, xn @ w2.numpy(), rtol=1e-4, atol=1e-4)
 
 
+def test_a_normalizations_weight_and_bias_gradients_share_one_kernel(device, rng):
+    """The bias gradient (a column sum of the output gradient) waits for nothing the weight gradient (which waits
+    for the normalized input) does not: it moves to the weight gradient's depth and joins its kernel, which reads the
+    output gradient once (layer norm of 4096x1024 forward and backward: 3.19 -> 2.57 ms on 2 cores)."""
+    from zyx.nn import functional as F
+
+    xn, gn = (rng.standard_normal((64, 32)).astype(np.float32) for _ in range(2))
+    wn, bn = rng.standard_normal(32).astype(np.float32), rng.standard_normal(32).astype(np.float32)
+    x = zyx.Tensor(xn, device=device, requires_grad=True)
+    w = zyx.Tensor(wn, device=device, requires_grad=True)
+    b = zyx.Tensor(bn, device=device, requires_grad=True)
+    (F.layer_norm(x, (32,), w, b) * zyx.Tensor(gn, device=device)).sum().backward()
+    names = [k.name for k in generated(x.grad, w.grad, b.grad)]
+    assert "r_32_float32_x2" in names and "r_32_float32" not in names, names
+    zyx.realize(x.grad, w.grad, b.grad)
+    xhat = (xn - xn.mean(1, keepdims=True)) / np.sqrt(xn.var(1, keepdims=True) + 1e-5)
+    assert_close(w.grad, (gn * xhat).sum(0), rtol=1e-4, atol=1e-4)
+    assert_close(b.grad, gn.sum(0), rtol=1e-5, atol=1e-5)
+
+
+def test_a_transposed_convolutions_phases_share_one_kernel_after_its_gemm_is_stored():
+    """Without BLAS the phases of a stride-2 col2im first inline the GEMM (a tiled contraction each: kept apart),
+    then read it once it is stored, and share one kernel. Whether a unit is a tiled contraction is remembered per
+    members and what they read: remembered per members alone, the first round's answer had split the phases into
+    four kernels."""
+    from conftest import host_without_blas
+
+    from zyx.nn import functional as F
+
+    xn = np.random.default_rng(0).standard_normal((2, 4, 5, 5)).astype(np.float32)
+    wn = np.random.default_rng(1).standard_normal((4, 3, 4, 4)).astype(np.float32)
+    with host_without_blas():
+        y = F.conv_transpose2d(zyx.Tensor(xn), zyx.Tensor(wn), stride=2, padding=1)
+        assert [k.name for k in generated(y)] == ["r_2_1_48_25_1_float32", "e_2_3_6_6_float32_x4",
+                                                  "e_2_3_10_10_float32"]
+        torch = pytest.importorskip("torch")
+        want = torch.nn.functional.conv_transpose2d(torch.from_numpy(xn), torch.from_numpy(wn), stride=2,
+                                                    padding=1)
+        assert_close(y, want.numpy(), rtol=1e-5, atol=1e-5)
+
+
 def test_schedule_cache_hit_compiles_nothing(device, rng):
     def step(a, b):
         return ((a @ b).relu() + a.sum()).softmax(-1)

@@ -121,14 +121,21 @@ def test_sibling_column_reduces_are_interchanged_together():
     x, y = zyx.Tensor(xn), zyx.Tensor(yn)
     outs = x.sum(0), x.max(0), (x * y).sum(0)
     (k,) = kernels_of(*outs)
-    assert len(k.reduces()) == 3 and opt.optimize(k, info).vector_acc is not None
+    ko = opt.optimize(k, info)
+    assert len(k.reduces()) == 3 and ko.vector_acc is not None
+    # side by side over ranges of one size: one loop nest, each reduce its own accumulators (the rows read once)
+    (red,) = [x for x in walk(linearize(ko)) if isinstance(x, Reduce)]
+    assert len(red.exprs) == 3 and red.vec is ko.vector_acc
+    assert CRenderer().render(ko).count("for (long long r") == 4  # output blocks, rows, tile, the stores' tile
     zyx.realize(*outs)
     np.testing.assert_allclose(outs[0].numpy(), xn.sum(0), rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(outs[1].numpy(), xn.max(0))
     np.testing.assert_allclose(outs[2].numpy(), (xn * yn).sum(0), rtol=1e-5, atol=1e-5)
     centered = ((y - y.mean(0)) ** 2).sum(0)  # the mean inside the sum's loops
     (k,) = kernels_of(centered)
-    assert len(k.reduces()) == 2 and opt.optimize(k, info).vector_acc is not None
+    ko = opt.optimize(k, info)
+    assert len(k.reduces()) == 2 and ko.vector_acc is not None
+    assert [len(x.exprs) for x in walk(linearize(ko)) if isinstance(x, Reduce)] == [1, 1]  # nested: loops apart
     np.testing.assert_allclose(centered.numpy(), ((yn - yn.mean(0)) ** 2).sum(0), rtol=1e-5)
     np.testing.assert_allclose(x.var(0).numpy(), np.nanvar(xn, 0) * np.where(np.isnan(xn).any(0), np.nan, 1),
                                rtol=1e-5, equal_nan=True)

@@ -184,7 +184,7 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
             stored.add(c.srcs[0])
     position = {id(c): i for i, c in enumerate(order)}
     by_id = {id(c): c for c in order}
-    tiled_units: dict[tuple[int, ...], bool] = {}  # unit (member ids) -> whether its kernel is a tiled contraction
+    tiled_units: dict[tuple, bool] = {}  # (member ids, ids of what they read) -> whether the kernel is a tiled GEMM
     for _round in range(len(order) + 2):
         # a value inlined by roots of different shapes (which cannot share a kernel) is stored once; the
         # latest such value first, since storing it hides everything upstream of it from those roots
@@ -226,6 +226,18 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
         for c in units:
             members.setdefault(unit_of[id(c)], []).append(c)
         depth = _unit_depths(units, deps, unit_of)
+        def tiled(ms: list[Class], inline: set[Class] = inline, reads: dict[int, list[Class]] = reads) -> bool:
+            """Whether unit ``ms``'s kernel holds a contraction that reuses both factors (``_reuses_both``). It
+            builds that kernel (6 ms for a convolution's), so the answer is kept from round to round for the same
+            members reading the same stored classes (``tiled_units``): once a contraction they inlined is stored,
+            they read it instead, and the answer changes (a col2im's phases with their GEMM, then without)."""
+            key = (tuple(id(c) for c in ms), tuple(id(d) for c in ms for d in reads[id(c)]))
+            if key not in tiled_units:
+                tiled_units[key] = _sums_products(ms, computed_by, stored, inline) and _tiled(
+                    ms, KernelBuilder("k", stored - inline - set(ms), stored), position)
+            return tiled_units[key]
+
+        _delay_to_siblings(members, depth, deps, reads, unit_of, root_ids, tiled)
         class_depth = {id(c): depth[unit_of[id(c)]] for c in units}
         for i, src in aliases.items():
             class_depth[i] = class_depth.get(id(src), 0)
@@ -234,16 +246,6 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
             if id(ms[0]) in root_ids:
                 alone = id(ms[0]) if ms[0].op is Ops.SCAN else None  # a scan's loop order is its own
                 buckets.setdefault((depth[u], ms[0].device, ms[0].shape, alone), []).append(ms)
-        def tiled(ms: list[Class], inline: set[Class] = inline) -> bool:
-            """Whether unit ``ms``'s kernel holds a contraction that reuses both factors (``_reuses_both``). It
-            builds that kernel (6 ms for a convolution's), so the answer is kept from round to round
-            (``tiled_units``): which factors a reduce broadcasts does not depend on what else is stored."""
-            key = tuple(id(c) for c in ms)
-            if key not in tiled_units:
-                tiled_units[key] = _sums_products(ms, computed_by, stored, inline) and _tiled(
-                    ms, KernelBuilder("k", stored - inline - set(ms), stored), position)
-            return tiled_units[key]
-
         groups = [(key[0], g) for key, units_ in buckets.items() for g in _share_groups(units_, reads, tiled)]
         result: list[KernelGroup] = []
         grew = False
@@ -347,6 +349,33 @@ def _contract(units: list[Class], deps: dict[int, list[Class]], root_ids: set[in
             if not cyclic:
                 sets.union(a, b)
     return {i: find(i) for i in parent}
+
+
+def _delay_to_siblings(members: dict[int, list[Class]], depth: dict[int, int], deps: dict[int, list[Class]],
+                       reads: dict[int, list[Class]], unit_of: dict[int, int], root_ids: set[int],
+                       tiled: Callable[[list[Class]], bool]) -> None:
+    """Move each generated unit that no other unit waits for, and that shares no read with a unit of its device and
+    shape at its own depth, to the nearest later depth holding such a unit (neither a tiled contraction nor a scan),
+    where ``_share_groups`` merges them: a normalization's bias gradient (a column sum of the output gradient) joins
+    its weight gradient (which waits for the normalized input), and the gradient is read once. Depth still
+    increases along every load: the moved unit waits for the same units as before, and none waits for it."""
+    waited = {unit_of[id(x)] for c_id, ds in deps.items() if c_id in unit_of for x in ds
+              if id(x) in unit_of and unit_of[id(x)] != unit_of[c_id]}
+
+    def generated(ms: list[Class]) -> bool:
+        return id(ms[0]) in root_ids and ms[0].op is not Ops.SCAN
+
+    read_ids = {u: {id(d) for c in ms for d in reads[id(c)]} for u, ms in members.items()}
+    # the deepest first, so that a unit moving next to one that moved itself finds it at its new depth
+    for u in sorted((u for u, ms in members.items() if u not in waited and generated(ms)), key=lambda u: -depth[u]):
+        ms = members[u]
+        sharing = [v for v, vs in members.items() if v != u and depth[v] >= depth[u] and generated(vs) and
+                   vs[0].device == ms[0].device and vs[0].shape == ms[0].shape and read_ids[u] & read_ids[v]]
+        if any(depth[v] == depth[u] for v in sharing):
+            continue  # it shares a kernel where it is (a col2im's phases): moving it would split that kernel
+        later = [depth[v] for v in sharing if not tiled(members[v])]  # ``tiled`` builds kernels: asked last
+        if later and not tiled(ms):
+            depth[u] = min(later)
 
 
 def _unit_depths(units: list[Class], deps: dict[int, list[Class]], unit_of: dict[int, int]) -> dict[int, int]:

