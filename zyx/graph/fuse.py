@@ -226,6 +226,7 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
         for c in units:
             members.setdefault(unit_of[id(c)], []).append(c)
         depth = _unit_depths(units, deps, unit_of)
+
         def tiled(ms: list[Class], inline: set[Class] = inline, reads: dict[int, list[Class]] = reads) -> bool:
             """Whether unit ``ms``'s kernel holds a contraction that reuses both factors (``_reuses_both``). It
             builds that kernel (6 ms for a convolution's), so the answer is kept from round to round for the same
