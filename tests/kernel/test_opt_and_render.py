@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import zyx
 from zyx import dtypes
@@ -139,6 +141,28 @@ def test_sibling_column_reduces_are_interchanged_together():
     np.testing.assert_allclose(centered.numpy(), ((yn - yn.mean(0)) ** 2).sum(0), rtol=1e-5)
     np.testing.assert_allclose(x.var(0).numpy(), np.nanvar(xn, 0) * np.where(np.isnan(xn).any(0), np.nan, 1),
                                rtol=1e-5, equal_nan=True)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@given(rows=st.integers(2, 70), cols=st.integers(1, 200), picks=st.lists(st.integers(0, 6), min_size=2, max_size=4),
+       nan=st.booleans())
+def test_random_sibling_column_reduces_match_numpy(rows, cols, picks, nan):
+    """Several column reduces of one kernel (sums, extremes, dot products, a nested variance), over any sizes (tiles
+    that do not divide the columns, a single column) and with NaNs: interchanged together, side-by-side ones in one
+    loop nest (``join_vector``), each equals NumPy's."""
+    rng = np.random.default_rng(rows * 1000 + cols)
+    xn, yn = (rng.standard_normal((rows, cols)).astype(np.float32) for _ in range(2))
+    if nan:
+        xn[rng.integers(rows), rng.integers(cols)] = np.nan
+    x, y = zyx.Tensor(xn), zyx.Tensor(yn)
+    x64, y64 = xn.astype(np.float64), yn.astype(np.float64)
+    table = [(lambda: x.sum(0), x64.sum(0)), (lambda: x.max(0), x64.max(0)), (lambda: y.min(0), y64.min(0)),
+             (lambda: (x * y).sum(0), (x64 * y64).sum(0)), (lambda: (y * y).sum(0), (y64 * y64).sum(0)),
+             (lambda: x.mean(0), x64.mean(0)), (lambda: y.var(0), y64.var(0))]
+    outs = [table[i][0]() for i in picks]
+    zyx.realize(*outs)
+    for i, got in zip(picks, outs):
+        np.testing.assert_allclose(got.numpy(), table[i][1], rtol=2e-5, atol=2e-5, equal_nan=True)
 
 
 def test_a_reduce_read_inside_another_and_beside_it_is_rewritten_once():
