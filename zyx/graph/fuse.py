@@ -5,7 +5,8 @@ Invariants:
   node, a reduce needed by more than one kernel, a reduce whose placements would recompute it
   (``recompute_factors``, summed over the places its kernel runs it), a one-hot sum (a gather's gradient, which
   the host scatters in a kernel of its own), a large reduce nested in another in a kernel without output loops
-  (it would run on one thread), or a costly elementwise value needed by several kernels. Everything else is
+  (it would run on one thread), or a costly elementwise value needed by several kernels (a large value that is
+  cheap work over such reduces stores the reduces instead: a layer norm's ``x - mean``). Everything else is
   inlined into each kernel that needs it; movement ops are index arithmetic.
 - A stored class whose own computation is cheap elementwise work ("inlinable") is still stored, but other
   kernels recompute it instead of loading it, so they do not have to wait for it.
@@ -33,6 +34,7 @@ from zyx.ops import ELEMENTWISE, MOVEMENT, TRANSCENDENTAL, Ops
 from zyx.utils import log
 
 SHARED_ELEMENTWISE_COST = 12
+SHARED_REDUCE_FIRST_MIN = 1 << 16  # elements from which a cheap value over shared reduces stores the reduces
 INLINE_STORED_COST = 16
 # the cone cost (``_cone_cost``) from which a broadcast factor of a contraction is stored: a transcendental. The
 # generated GEMM reads its left factor once per column panel: MiniLM's FFN down-projection with gelu(h + b1)
@@ -73,6 +75,20 @@ def _cone_cost(c: Class, stop: set[Class], memo: dict[int, int]) -> int:
     own = 4 if n.op in TRANSCENDENTAL else (1 if n.op in ELEMENTWISE else (1 << 20 if n.op is Ops.REDUCE else 0))
     memo[id(c)] = own + sum(_cone_cost(s, stop, memo) for s in n.srcs)
     return memo[id(c)]
+
+
+def _reaches(c: Class, target: Class, stop: set[Class]) -> bool:
+    """Whether ``c``'s inlined cone (not through ``stop``, realized classes or variables) holds ``target``."""
+    stack, seen = [c], set()
+    while stack:
+        x = stack.pop()
+        if x is target:
+            return True
+        if id(x) in seen or x.realized or x.op is Ops.VAR or (x in stop and x is not c):
+            continue
+        seen.add(id(x))
+        stack.extend(x.node.srcs)
+    return False
 
 
 def _kernel_users(order: list[Class], stored: set[Class]) -> dict[int, set[int]]:
@@ -196,6 +212,12 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
                    (c.op in ELEMENTWISE and _cone_cost(c, stored, memo) >= SHARED_ELEMENTWISE_COST))]
         if shared:
             c = max(shared, key=lambda x: position[id(x)])
+            if c.op is not Ops.REDUCE and c.numel >= SHARED_REDUCE_FIRST_MIN:
+                # cheap elementwise work over shared reduces (a layer norm's x - mean), large: the reduces are
+                # stored and each kernel recomputes the rest, instead of writing the value and reading it back
+                below = [r for r in shared if r.op is Ops.REDUCE and _reaches(c, r, stored)]
+                if below and _cone_cost(c, stored | set(below), {}) < SHARED_ELEMENTWISE_COST:
+                    c = max(below, key=lambda x: position[id(x)])
             log("sched", f"store {c!r}: needed by kernels of {len(users[id(c)])} roots")
             stored.add(c)
             continue
