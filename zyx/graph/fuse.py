@@ -13,7 +13,9 @@ Invariants:
 - Kernels are grouped: stored classes of the same shape and device at the same dependency depth that read a
   common stored class become one kernel with several stores (the optimizer's parameter and state updates,
   the gradients of one shape). Depth strictly increases along every load, so groups never depend on each
-  other in a cycle.
+  other in a cycle. A stored class read by another of its shape only at that one's own elements joins its kernel
+  (``_contract``), a reduce read inside a reduce's body broadcast back along the reduced axes included (a
+  variance and its mean: the kernel computes the mean once per row, stores it, and sums the squares).
 - The planning fixpoint terminates by construction: each round either stores at least one class that was not
   stored before or returns, so it runs at most once per class (a reduce that its own kernel stores is never
   a reason for another round, even when the kernel evaluates it per element of an expanded output).
@@ -150,27 +152,42 @@ def _loads(c: Class, node: Node, loaded: set[Class], inline: set[Class]) -> list
 KEEPS_INDEX = ELEMENTWISE | {Ops.CONTIGUOUS, Ops.RESHAPE}  # element i of the result reads flat element i of each input
 
 
-def _moved_reads(node: Node, loaded: set[Class], inline: set[Class]) -> set[int]:
-    """Ids of the stored classes and leaves (``_loads``' classes) that ``node`` reads somewhere at another element
-    than its own: through an op outside ``KEEPS_INDEX`` (a movement op, a reduce). A kernel computing ``node``
-    beside such a class would recompute it there instead of sharing it."""
+def _moved_reads(c: Class, node: Node, loaded: set[Class], inline: set[Class]) -> set[int]:
+    """Ids of the stored classes and leaves (``_loads``' classes) that ``node`` (computing ``c``) reads somewhere at
+    another element than its own: through an op outside ``KEEPS_INDEX`` (a movement op, a reduce). A kernel
+    computing ``node`` beside such a class would recompute it there instead of sharing it. One exception: inside a
+    reduce's body, a value broadcast back along exactly the reduced axes (an expand from the reduce's shape to its
+    body's) is read at the reduce's own element, once per output, as a variance reads its mean."""
     out: set[int] = set()
-    seen: set[tuple[int, bool]] = set()
-    stack = [(s, node.op not in KEEPS_INDEX) for s in node.srcs]
+    seen: set[tuple] = set()
+    stack = [(x, _read_state(node.op, c.shape, node.srcs, False)) for x in node.srcs]
     while stack:
-        s, moved = stack.pop()
-        if (id(s), moved) in seen:
+        s, state = stack.pop()
+        if (id(s), state) in seen:
             continue
-        seen.add((id(s), moved))
+        seen.add((id(s), state))
         if s.op is Ops.VAR and not s.realized:
             continue
         if s.realized or (s in loaded and s not in inline):
-            if moved:
+            if state is True:
                 out.add(id(s))
             continue
-        moved = moved or s.op not in KEEPS_INDEX
-        stack.extend((x, moved) for x in s.srcs)
+        state = _read_state(s.op, s.shape, s.srcs, state)
+        stack.extend((x, state) for x in s.srcs)
     return out
+
+
+def _read_state(op: Ops, shape: tuple[int, ...], srcs: tuple[Class, ...], state: bool | tuple) -> bool | tuple:
+    """Where the sources of an ``op`` of ``shape`` are read, given where it is read (``_moved_reads``): True (at
+    other elements), False (at the root's own element) or, inside a reduce's body at the root's own element,
+    (that reduce's shape, its body's shape)."""
+    if state is True or op in KEEPS_INDEX:
+        return state
+    if state is False and op is Ops.REDUCE and math.prod(shape) > 1:  # (alone, a whole tensor's reduce splits)
+        return shape, srcs[0].shape
+    if state is not False and op is Ops.EXPAND and (srcs[0].shape, shape) == state:
+        return False
+    return True
 
 
 def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> Fusion:
@@ -239,7 +256,7 @@ def fuse(order: list[Class], outputs: list[Class], chosen: dict[int, Node]) -> F
                 ds = list(n.arg.inputs)
             else:
                 ds = _loads(c, n, stored, inline)
-                moved[id(c)] = {id(aliases[i]) if i in aliases else i for i in _moved_reads(n, stored, inline)}
+                moved[id(c)] = {id(aliases[i]) if i in aliases else i for i in _moved_reads(c, n, stored, inline)}
             reads[id(c)] = ds
             deps[id(c)] = [a for a in (aliases.get(id(d), d) for d in ds) if not a.realized]
         root_ids = {id(c) for c in roots}

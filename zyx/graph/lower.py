@@ -66,6 +66,17 @@ def reshape_index(idx: tuple[Expr, ...], out_shape: tuple[int, ...], in_shape: t
     return tuple(result)
 
 
+_ZERO = ir.const(0, ir.index_dtype)
+
+
+def _unit_axes_zero(idx: tuple[Expr, ...], shape: tuple[int, ...]) -> tuple[Expr, ...]:
+    """``idx`` with the index of every axis of size 1 written as 0 (what any index of it is), so that a class read
+    at one element through different index expressions is lowered once."""
+    if 1 not in shape:
+        return idx
+    return tuple(_ZERO if s == 1 else i for i, s in zip(idx, shape))
+
+
 def _div(a: Expr, c: int) -> Expr:
     return ir.idiv(a, c) if a.vmin >= 0 else ir.alu(Ops.DIV, a, ir.const(c, a.dtype))
 
@@ -128,9 +139,17 @@ class KernelBuilder:
         return ir.Kernel(self.name, tuple(self.params), self.loop_order or self.loops, tuple(self.stores))
 
     def _lower_root(self, c: Class, idx: tuple[Expr, ...]) -> Expr:
-        return self._compute(c, idx, None)
+        """``c`` computed at ``idx`` (never loaded: the kernel stores it), the same expression a later read of it in
+        this kernel at that element finds (a variance reading the mean that its kernel stores too)."""
+        idx = _unit_axes_zero(idx, c.shape)
+        key = (id(c), idx, None)
+        e = self._memo.get(key)
+        if e is None:
+            e = self._memo[key] = self._compute(c, idx, None)
+        return e
 
     def lower(self, c: Class, idx: tuple[Expr, ...], gate: Expr | None) -> Expr:
+        idx = _unit_axes_zero(idx, c.shape)
         key = (id(c), idx, gate)
         e = self._memo.get(key)
         if e is None:
