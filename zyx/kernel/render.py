@@ -483,6 +483,9 @@ class CRenderer(CStyleRenderer):
         # innermost loops of multi-range reduce nests -> their reduction clauses (without one, a simd loop
         # accumulating a scalar stayed a sequential loop: a sum over (h, w) rows of 56 ran one add at a time)
         inner_reds: dict[Loop, list] = {}
+        # long innermost loops of multi-range float32 sums -> the (expr, double accumulator) pairs they add into in
+        # blocks (``blocked_loop``): a batch norm's per-channel sums over (n, h*w) had added one double at a time
+        blocked_inner: dict[Loop, list[tuple[Expr, str]]] = {}
 
         def inline(x: Expr) -> str:
             """``x`` spelled in place: named values by name, the rest from its operands (an index's arithmetic)."""
@@ -529,7 +532,13 @@ class CRenderer(CStyleRenderer):
                 n_lanes = inner.range.arg[1]
                 lanes = inner is not loop and inner.kind == "simd" and n_lanes <= self.nest_lanes and \
                     all(e.arg[0] is Ops.ADD and e.dtype.is_float and not nan for e, _, nan in members)
-                if lanes:  # one partial sum per iteration of the innermost loop, summed after the nest
+                long_inner = inner is not loop and inner.kind == "simd" and n_lanes > self.nest_lanes and all(
+                    e.arg[0] is Ops.ADD and e.dtype is dtypes.float32 and self.acc_type(e, k) == "double" and not nan
+                    for e, _, nan in members)
+                if long_inner:  # a long contiguous innermost loop: blocks of float partial sums, as a row sum's
+                    blocked_inner[inner] = [(e, acc) for e, acc, _ in members]
+                    reds = []
+                elif lanes:  # one partial sum per iteration of the innermost loop, summed after the nest
                     ri = rng(inner.range)
                     # float lanes under a double accumulator when each adds at most ``sum_block`` terms (as the
                     # blocks of long sums do): a float converted to double under a gate kept GCC from
@@ -555,12 +564,17 @@ class CRenderer(CStyleRenderer):
                     for _, acc, _ in members:
                         lines.append(f"{ind}for (int t = 0; t < {n_lanes}; t++) {{ {acc} += {acc}_l[t]; }}")
                 return
-            parts = [(e, acc, f"{acc}_b") for e, acc, _ in members]
-            float_partials.update(e for e, _, _ in members)
+            blocked_loop(loop, ind, lo, hi, [(e, acc) for e, acc, _ in members])
+
+        def blocked_loop(loop: Loop, ind: str, lo: str, hi: str, members: list[tuple[Expr, str]]) -> None:
+            """``loop`` over ``lo`` .. ``hi`` adding float32 terms into each (expr, double accumulator) of
+            ``members`` in blocks: float partial sums per block (``reduce_lanes`` of them where they tile it),
+            each block's sum then added into the accumulator."""
+            r = rng(loop.range)
+            parts = [(e, acc, f"{acc}_b") for e, acc in members]
+            float_partials.update(e for e, _ in members)
             it = self.index_type
-            lanes = k.reduce_lanes
-            if lanes > 1 and not (lo.isdigit() and hi.isdigit() and (int(hi) - int(lo)) % lanes == 0):
-                lanes = 0  # the lanes must tile every block exactly
+            lanes = _tiling_lanes(k.reduce_lanes, lo, hi)
             # with lanes, each lane adds ``lane_depth`` elements per block: a block's lane sum and its add into
             # the wide accumulator (~50 cycles) cost 20% of a row sum's time at blocks of 256
             b = lanes * self.lane_depth if lanes > 1 else self.sum_block
@@ -606,6 +620,9 @@ class CRenderer(CStyleRenderer):
         def emit_loop(loop: Loop, ind: str, reds: list | None = None) -> None:
             r = rng(loop.range)
             lo, hi = bounds.get(loop, ("0", str(loop.range.arg[1])))
+            if loop in blocked_inner:
+                blocked_loop(loop, ind, lo, hi, blocked_inner[loop])
+                return
             lines.extend(ind + h for h in self.pragmas(loop, reds or inner_reds.get(loop, [])))
             lines.append(f"{ind}for ({self.index_type} {r} = {lo}; {r} < {hi}; {r}++) {{")
             for f in prefetch.get(loop.range, ()):
@@ -1031,6 +1048,21 @@ class CRenderer(CStyleRenderer):
         if loop.kind == "simd":
             return [f"#pragma omp simd {red}".rstrip()]
         return []
+
+
+def _tiling_lanes(lanes: int, lo: str, hi: str) -> int:
+    """The partial sums of a blocked float32 sum over ``lo`` .. ``hi``: ``lanes`` (``Kernel.reduce_lanes``), or a
+    half or a quarter of them (at least ``MIN_TILING_LANES``) when that divides the length and ``lanes`` does not
+    (rows of 3136, 56x56, take 64); 0 (one partial per block) when none does or the bounds are not constants: the
+    lanes must tile every block exactly."""
+    if lanes <= 1 or not (lo.isdigit() and hi.isdigit()):
+        return 0
+    n = int(hi) - int(lo)
+    fewer = tuple(x for x in (lanes // 2, lanes // 4) if x >= MIN_TILING_LANES)
+    return next((x for x in (lanes, *fewer) if n % x == 0), 0)
+
+
+MIN_TILING_LANES = 32  # two AVX-512 registers of float32 partials: fewer lost to one ``omp simd`` reduction
 
 
 _OMP_RED = {Ops.ADD: "+", Ops.MUL: "*", Ops.MAX: "max", Ops.MIN: "min", Ops.OR: "|", Ops.AND: "&"}
