@@ -191,7 +191,7 @@ def test_a_variance_and_its_stored_mean_share_one_kernel(device, rng):
     variance its mean, a softmax's sum its maximum) shares that reduce's kernel, which computes it once per row and
     stores both: the rows are read from memory once (group norm of 16x64x56x56: 0.48 -> 0.45 ms; BatchNorm2d
     forward + backward of 32x64x56^2: 5.4 -> 4.6 ms; on 2 cores). A whole tensor's mean and variance keep a kernel
-    each: without output loops only a lone reduce splits across threads."""
+    each: without output loops only a lone reduce splits across threads; so do short reduces (a pooling window)."""
     xn = rng.standard_normal((16, 300)).astype(np.float32) * 2 + 3
     x = zyx.Tensor(xn, device=device)
     mean, var = x.mean(1, keepdim=True), x.var(1, keepdim=True)  # as the normalizations keep them
@@ -211,6 +211,17 @@ def test_a_variance_and_its_stored_mean_share_one_kernel(device, rng):
     zyx.realize(*whole)
     assert_close(whole[0], xn.mean(), rtol=1e-5, atol=1e-5)
     assert_close(whole[1], xn.var(), rtol=1e-4, atol=1e-4)
+    # a pooling window (9 terms, under fuse.SHARED_ROW_MIN): its maximum and its first index keep a kernel each
+    from zyx.nn import functional as F
+
+    pn = rng.standard_normal((2, 4, 8, 8)).astype(np.float32)
+    p = zyx.Tensor(pn, device=device, requires_grad=True)
+    F.max_pool2d(p, 3, 2, 1).sum().backward()
+    assert [k.name for k in generated(p.grad)][:2] == ["r_2_4_4_4_1_float32", "r_2_4_4_4_1_int64"]
+    torch = pytest.importorskip("torch")
+    tp = torch.tensor(pn, requires_grad=True)
+    torch.nn.functional.max_pool2d(tp, 3, 2, 1).sum().backward()
+    assert_close(p.grad, tp.grad.numpy(), rtol=0, atol=0)
 
 
 def test_a_transposed_convolutions_phases_share_one_kernel_after_its_gemm_is_stored():

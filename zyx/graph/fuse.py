@@ -177,13 +177,20 @@ def _moved_reads(c: Class, node: Node, loaded: set[Class], inline: set[Class]) -
     return out
 
 
+# terms per output from which a reduce reading a stored reduce of its shape (broadcast back) may share its kernel:
+# shorter ones (a pooling window) re-read what is cached anyway. A 3x3 stride-2 max pooling's maximum and first
+# index (16x64x56^2) took 2.1 + 6.4 ms as two kernels, 12.7 ms as one (whose window loads lost if-conversion)
+SHARED_ROW_MIN = 64
+
+
 def _read_state(op: Ops, shape: tuple[int, ...], srcs: tuple[Class, ...], state: bool | tuple) -> bool | tuple:
     """Where the sources of an ``op`` of ``shape`` are read, given where it is read (``_moved_reads``): True (at
-    other elements), False (at the root's own element) or, inside a reduce's body at the root's own element,
-    (that reduce's shape, its body's shape)."""
+    other elements), False (at the root's own element) or, inside the body of a reduce over at least
+    ``SHARED_ROW_MIN`` terms per output at the root's own element, (that reduce's shape, its body's shape). A
+    reduce without output loops stays apart (alone, it splits across threads)."""
     if state is True or op in KEEPS_INDEX:
         return state
-    if state is False and op is Ops.REDUCE and math.prod(shape) > 1:  # (alone, a whole tensor's reduce splits)
+    if state is False and op is Ops.REDUCE and 1 < math.prod(shape) <= math.prod(srcs[0].shape) // SHARED_ROW_MIN:
         return shape, srcs[0].shape
     if state is not False and op is Ops.EXPAND and (srcs[0].shape, shape) == state:
         return False
