@@ -14,8 +14,9 @@ Invariants:
   common stored class become one kernel with several stores (the optimizer's parameter and state updates,
   the gradients of one shape). Depth strictly increases along every load, so groups never depend on each
   other in a cycle. A stored class read by another of its shape only at that one's own elements joins its kernel
-  (``_contract``), a reduce read inside a reduce's body broadcast back along the reduced axes included (a
-  variance and its mean: the kernel computes the mean once per row, stores it, and sums the squares).
+  (``_contract``), a reduce read inside the body of a reduce of at least ``SHARED_ROW_MIN`` terms per output,
+  broadcast back along the reduced axes, included (a variance and its mean: the kernel computes the mean once
+  per row, stores it, and sums the squares).
 - The planning fixpoint terminates by construction: each round either stores at least one class that was not
   stored before or returns, so it runs at most once per class (a reduce that its own kernel stores is never
   a reason for another round, even when the kernel evaluates it per element of an expanded output).

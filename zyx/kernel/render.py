@@ -1062,7 +1062,7 @@ def _tiling_lanes(lanes: int, lo: str, hi: str) -> int:
     return next((x for x in (lanes, *fewer) if n % x == 0), 0)
 
 
-MIN_TILING_LANES = 32  # two AVX-512 registers of float32 partials: fewer lost to one ``omp simd`` reduction
+MIN_TILING_LANES = 32  # the fewest partial sums a fallback keeps: two AVX-512 registers (four AVX2) of float32
 
 
 _OMP_RED = {Ops.ADD: "+", Ops.MUL: "*", Ops.MAX: "max", Ops.MIN: "min", Ops.OR: "|", Ops.AND: "&"}
