@@ -526,3 +526,24 @@ def test_stored_stages_read_elsewhere_stay_separate_kernels(device):
             assert len(kernels_of(x)) == 16
         got = x.numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_a_float32_round_trip_of_float64_survives_gccs_slp_vectorizer():
+    """Found by the gradient fuzzer (seed 20261206): the float64 sum of ``x.float().double()`` weighted, beside a sum
+    reading ``x`` transposed, in one kernel, added two of the unrounded values: GCC 12.2 at -O3 -march=native
+    vectorized the loop's last two lanes without the float32 pack and unpack (a loss off by 6e-8). Kernels that
+    narrow float64 are compiled without SLP vectorization (``CRenderer.narrows_float64``)."""
+    from zyx.kernel.render import CRenderer
+
+    a = np.ones((3, 5))
+    a[2, 3] = 0.6606165530365694  # not a float32: its round trip changes it
+    rng = np.random.default_rng(0)
+    w4, w5 = rng.standard_normal((2, 3, 5)), rng.standard_normal((2, 5, 3))
+    v2 = zyx.Tensor(a).broadcast_to((2, 3, 5)) * 2
+    loss = ((v2 * 2).float().cast(zyx.float64) * zyx.Tensor(w4)).sum() + (v2.mT * zyx.Tensor(w5)).sum()
+    sources = debug.kernel_source(loss)
+    n2 = np.broadcast_to(a, (2, 3, 5)) * 2
+    want = ((n2 * 2).astype(np.float32).astype(np.float64) * w4).sum() + (np.swapaxes(n2, -1, -2) * w5).sum()
+    np.testing.assert_allclose(loss.item(), want, rtol=1e-13)
+    assert any("ZYX_NO_SLP void" in src for src in sources)
+    assert not CRenderer.narrows_float64(kernels_of(zyx.Tensor(a) * 2)[0])

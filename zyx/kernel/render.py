@@ -661,7 +661,18 @@ class CRenderer(CStyleRenderer):
             attr = "ZYX_GEMM_ATTR "
         if self.no_if_convert(k):
             attr += "ZYX_NO_IFCVT "
+        if self.narrows_float64(k):
+            attr += "ZYX_NO_SLP "
         return f"{self.prelude()}\n{attr}void {k.name}(void **args) {{\n{body}\n}}\n"
+
+    @staticmethod
+    def narrows_float64(k: Kernel) -> bool:
+        """Whether ``k`` casts float64 to a narrower float, which GCC 12's SLP vectorizer may drop (``ZYX_NO_SLP``): a
+        float64 sum of ``x.float().double()`` beside a sum reading ``x`` transposed added two of the unrounded values
+        (-O3 -march=native, GCC 12.2: the 2-lane part of the vectorized loop skipped the float32 pack and unpack)."""
+        return any(e.op is Ops.CAST and e.srcs[0].dtype is dtypes.float64 and e.dtype.is_float and
+                   e.dtype.itemsize < 8 for part in (k, *k.then)
+                   for e in ir.toposort([x for s in part.stores for x in (s.index, s.value)]))
 
     @staticmethod
     def no_if_convert(k: Kernel) -> bool:
@@ -1084,6 +1095,13 @@ C_PRELUDE = r"""
 #define ZYX_NO_IFCVT __attribute__((optimize("no-tree-loop-if-convert")))
 #else
 #define ZYX_NO_IFCVT
+#endif
+/* GCC 12's SLP vectorizer may drop a float64 -> float32 -> float64 round trip (the 2-lane part of a vectorized loop
+   used the unrounded value); kernels narrowing float64 are compiled without it (CRenderer.narrows_float64) */
+#if defined(__GNUC__) && !defined(__clang__)
+#define ZYX_NO_SLP __attribute__((optimize("no-tree-slp-vectorize")))
+#else
+#define ZYX_NO_SLP
 #endif
 #ifdef _OPENMP
 #include <omp.h>
