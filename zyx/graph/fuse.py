@@ -161,7 +161,8 @@ def _moved_reads(c: Class, node: Node, loaded: set[Class], inline: set[Class]) -
     body's) is read at the reduce's own element, once per output, as a variance reads its mean."""
     out: set[int] = set()
     seen: set[tuple] = set()
-    stack = [(x, _read_state(node.op, c.shape, node.srcs, False)) for x in node.srcs]
+    first = _read_state(node.op, c.shape, node.srcs, False)
+    stack = [(x, first) for x in node.srcs]
     while stack:
         s, state = stack.pop()
         if (id(s), state) in seen:

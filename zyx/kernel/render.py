@@ -1061,6 +1061,9 @@ class CRenderer(CStyleRenderer):
         return []
 
 
+MIN_TILING_LANES = 32  # the fewest partial sums a fallback keeps: two AVX-512 registers (four AVX2) of float32
+
+
 def _tiling_lanes(lanes: int, lo: str, hi: str) -> int:
     """The partial sums of a blocked float32 sum over ``lo`` .. ``hi``: ``lanes`` (``Kernel.reduce_lanes``), or a
     half or a quarter of them (at least ``MIN_TILING_LANES``) when that divides the length and ``lanes`` does not
@@ -1071,9 +1074,6 @@ def _tiling_lanes(lanes: int, lo: str, hi: str) -> int:
     n = int(hi) - int(lo)
     fewer = tuple(x for x in (lanes // 2, lanes // 4) if x >= MIN_TILING_LANES)
     return next((x for x in (lanes, *fewer) if n % x == 0), 0)
-
-
-MIN_TILING_LANES = 32  # the fewest partial sums a fallback keeps: two AVX-512 registers (four AVX2) of float32
 
 
 _OMP_RED = {Ops.ADD: "+", Ops.MUL: "*", Ops.MAX: "max", Ops.MIN: "min", Ops.OR: "|", Ops.AND: "&"}
