@@ -186,6 +186,21 @@ def test_no_grad_detach_and_errors():
     assert x.grad is not None
 
 
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.bool_])
+def test_only_float_tensors_can_require_grad(dtype):
+    """PyTorch's rule: an integer or boolean tensor carries no gradient, and asking for one is an error that names
+    the dtype and the fix (not a flag silently set)."""
+    data = np.ones(3, dtype)
+    with pytest.raises(TypeError, match="only floating-point tensors can require gradients.*t.float()"):
+        zyx.Tensor(data, requires_grad=True)
+    t = zyx.Tensor(data)
+    with pytest.raises(TypeError, match="only floating-point"):
+        t.requires_grad_()
+    assert not t.requires_grad
+    assert not t.requires_grad_(False).requires_grad
+    assert zyx.Tensor(data, dtype="float32", requires_grad=True).requires_grad
+
+
 def test_shared_subexpression_gradient():
     _check(lambda x: (x.exp() * x.exp().sum(1, keepdim=True)).log(),
            lambda x: (x.exp() * x.exp().sum(1, keepdim=True)).log(), _r((3, 4)))

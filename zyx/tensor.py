@@ -34,6 +34,14 @@ _new = object.__new__
 # helpers
 
 
+def _differentiable(dtype: DType) -> bool:
+    """True for a float dtype; a clear error for any other (PyTorch's rule: only floats carry gradients)."""
+    if not dtype.is_float:
+        raise TypeError(f"only floating-point tensors can require gradients, this one is {dtype.name}: "
+                        f"cast it first (t.float()) or leave requires_grad off")
+    return True
+
+
 def _device(device: str | None) -> str:
     return registry().default_device() if device is None else canonical_name(device)
 
@@ -140,7 +148,7 @@ class Tensor:
             self.cls = t.cls
         else:
             self.cls = transfer.upload(_np_from(data, d), _device(device))
-        self.requires_grad = bool(requires_grad)
+        self.requires_grad = bool(requires_grad) and _differentiable(self.cls.dtype)
         self.grad: Tensor | None = None
         self._ctx = None
 
@@ -1309,7 +1317,7 @@ class Tensor:
         backward(self, gradient)
 
     def requires_grad_(self, flag: bool = True) -> Tensor:
-        self.requires_grad = flag
+        self.requires_grad = bool(flag) and _differentiable(self.cls.dtype)
         return self
 
     # ---- in-place style updates (rebind the tensor to a new value) --------------------------------------------
