@@ -873,3 +873,39 @@ def test_one_hot_sum_feeding_an_update_gets_a_kernel_of_its_own():
     np.add.at(grad, idx.reshape(-1), g.reshape(-1, 6))
     np.testing.assert_allclose(_run(step)[0], w0 - 0.5 * grad, rtol=1e-5, atol=1e-5)
     assert len(_scatters(step)) == 1
+
+
+# ---- integer selects -------------------------------------------------------------------------------------------
+
+
+def test_integer_selects_outside_vector_loops_are_bit_masks():
+    """An int64 ``WHERE`` in scalar code renders as ``zyx__seli64`` (GCC had made a branch of the ternary that picks
+    a max pooling window's first maximal tap: mispredicted at random taps); in a vectorized loop (an argmax's long
+    row) it stays a ternary, which GCC turns into a blend. Values are PyTorch's either way, ties and NaN included."""
+    torch = pytest.importorskip("torch")
+    from zyx.nn import functional as F
+
+    rng = np.random.default_rng(9)
+    x = rng.integers(-3, 3, (2, 3, 12, 12)).astype(np.float32)  # ties inside most windows
+    x[0, 1, 4, 5] = np.nan
+    X = zyx.Tensor(x, requires_grad=True)
+
+    def pool_grad():
+        X.grad = None
+        F.max_pool2d(X, 3, 2, 1).sum().backward()
+        return X.grad.numpy()
+
+    def body(k: Kernel) -> str:  # without the prelude, which defines the helpers
+        src = CRenderer().render(opt.optimize(k, HOST2))
+        return src[src.rindex(f"void {k.name}("):]
+
+    first = [k for k in _kernels(pool_grad) if k.name.endswith("_int64")]
+    assert first and all("zyx__seli64(" in body(k) for k in first)
+    tx = torch.tensor(x, requires_grad=True)
+    torch.nn.functional.max_pool2d(tx, 3, 2, 1).sum().backward()
+    np.testing.assert_array_equal(pool_grad(), tx.grad.numpy())
+
+    rows = rng.integers(0, 4, (64, 1024)).astype(np.float32)
+    (k,) = _kernels(lambda: zyx.Tensor(rows).argmax(-1).numpy())
+    assert "zyx__seli64(" not in body(k) and " ? r" in body(k)
+    np.testing.assert_array_equal(zyx.Tensor(rows).argmax(-1).numpy(), torch.tensor(rows).argmax(-1).numpy())

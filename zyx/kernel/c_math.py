@@ -143,6 +143,16 @@ ZYX_MATH_FN float zyx__sel32(int c, float a, float b) {
     uint32_t m = (uint32_t)0 - (uint32_t)(c != 0);
     return zyx__as_f32((zyx__as_u32(a) & m) | (zyx__as_u32(b) & ~m));
 }
+/* The same for 64- and 32-bit integers: GCC compiles an integer ternary fed by an unpredictable compare into a
+   branch (the first index of a window's maximum, taken at random taps, mispredicted once per window). */
+ZYX_MATH_FN long long zyx__seli64(int c, long long a, long long b) {
+    uint64_t m = (uint64_t)0 - (uint64_t)(c != 0);
+    return (long long)(((uint64_t)a & m) | ((uint64_t)b & ~m));
+}
+ZYX_MATH_FN int zyx__seli32(int c, int a, int b) {
+    uint32_t m = (uint32_t)0 - (uint32_t)(c != 0);
+    return (int)(((uint32_t)a & m) | ((uint32_t)b & ~m));
+}
 /* 2**k for integer -126 <= k <= 127 */
 ZYX_MATH_FN float zyx__pow2i(int32_t k) { return zyx__as_f32((uint32_t)(k + 127) << 23); }
 
