@@ -147,7 +147,10 @@ class Tensor:
             t = t.cast(d) if d is not None else t
             self.cls = t.cls
         else:
-            self.cls = transfer.upload(_np_from(data, d), _device(device))
+            arr = _np_from(data, d)
+            if requires_grad:
+                _differentiable(dtypes.to_dtype(arr.dtype))  # raises before the upload
+            self.cls = transfer.upload(arr, _device(device))
         self.requires_grad = bool(requires_grad) and _differentiable(self.cls.dtype)
         self.grad: Tensor | None = None
         self._ctx = None

@@ -316,7 +316,7 @@ class CRenderer(CStyleRenderer):
         None for other dtypes. GCC made a branch of the ternary that picks a 3x3 max pooling window's first
         maximal tap, mispredicted at random taps (16x64x28^2 windows: 4.7 -> 3.2 ms); in a vectorized loop the
         ternary stays, a blend (a 4096x1024 argmax: 279 us, 372 with masks)."""
-        fn = {dtypes.int64: "zyx__seli64", dtypes.int32: "zyx__seli32"}.get(e.dtype)
+        fn = _MASK_SELECTS.get(e.dtype)
         if fn is None:
             return None
         n = self.operand_namer(e, name)
@@ -1081,6 +1081,7 @@ class CRenderer(CStyleRenderer):
         return []
 
 
+_MASK_SELECTS = {dtypes.int64: "zyx__seli64", dtypes.int32: "zyx__seli32"}  # ``CRenderer.scalar_select``
 VECTOR_MIN_TRIP = 8  # iterations of a simd loop that GCC vectorizes (eight 64-bit lanes: one AVX-512 register)
 MIN_TILING_LANES = 32  # the fewest partial sums a fallback keeps: two AVX-512 registers (four AVX2) of float32
 
