@@ -743,22 +743,24 @@ def test_prefetch_needs_one_stride_and_a_dense_block(monkeypatch):
 
 
 def test_long_row_sums_prefetch_their_stream(monkeypatch):
-    """``prefetch_streams``: a long row sum with lanes prefetches its input ``STREAM_PREFETCH_BYTES`` ahead, once
-    per block of lanes, for each row computed together (the range redefined ahead in a scope of its own, the block
-    clipped to the buffer); the values are those of the kernel without it, bit for bit. Small inputs get none by
-    default, and ``prefetch_distance`` 0 (a search candidate) turns it off."""
+    """``prefetch_streams``: a long row sum with lanes prefetches its input ``STREAM_PREFETCH_BYTES`` ahead into L2
+    (locality 2: the L1 is left to the hardware prefetcher), once per block of lanes, for each row computed together
+    (the range redefined ahead in a scope of its own, the block clipped to the buffer); the values are those of the
+    kernel without it, bit for bit. Small inputs get none by default, and ``prefetch_distance`` 0 (a search
+    candidate) turns it off."""
     rng = np.random.default_rng(11)
     X = zyx.Tensor(rng.standard_normal((8, 4096)).astype(np.float32)).realize()
     (k,) = _kernels(lambda: X.sum(1).numpy())
     assert opt.optimize(k, HOST2).stream_prefetch is None  # 128 KiB: below the smallest input
     monkeypatch.setattr(opt, "PREFETCH_MIN_INPUT", 0)
+    stream = ir.StreamPrefetch((1,), opt.STREAM_PREFETCH_BYTES // 4, opt.STREAM_PREFETCH_LOCALITY)
     for rows in (1, 2):
         ko = opt.optimize(k, HOST2, {"upcast_rows": rows})
-        assert ko.stream_prefetch == ir.StreamPrefetch((1,), opt.STREAM_PREFETCH_BYTES // 4)
+        assert ko.stream_prefetch == stream
         src = CRenderer().render(ko)
         lanes = ko.reduce_lanes
         assert src.count(f"_o + {opt.STREAM_PREFETCH_BYTES // 4}LL; const long long zi =") == rows
-        assert src.count(f"zl < {lanes}; zl += 16) __builtin_prefetch(p1 + zq + zl, 0, 3);") == rows
+        assert src.count(f"zl < {lanes}; zl += 16) __builtin_prefetch(p1 + zq + zl, 0, 2);") == rows
         assert f"zi < {8 * 4096 - lanes}LL ? zi : {8 * 4096 - lanes}LL" in src
     assert opt.optimize(k, HOST2, {"prefetch_distance": 0}).stream_prefetch is None
     on, off = _run(lambda: X.sum(1).numpy()), _run(lambda: X.sum(1).numpy(), ("prefetch_streams",))
@@ -778,7 +780,8 @@ def test_stream_prefetch_skips_gated_and_gathered_loads(monkeypatch):
         return replace(k, wide_acc=True, reduce_lanes=64, parallel=1)
 
     plain = kernel(ir.load(1, f32, i * 512 + r))
-    assert opt.prefetch_streams(plain).stream_prefetch == ir.StreamPrefetch((1,), opt.STREAM_PREFETCH_BYTES // 4)
+    stream = ir.StreamPrefetch((1,), opt.STREAM_PREFETCH_BYTES // 4, opt.STREAM_PREFETCH_LOCALITY)
+    assert opt.prefetch_streams(plain).stream_prefetch == stream
     gated = ir.load(1, f32, i * 512 + r, ir.alu(Ops.CMPLT, r, ir.const(500, ir.index_dtype)))
     gather = ir.load(1, f32, ir.cast(ir.load(2, dtypes.int32, r), ir.index_dtype))
     strided = ir.load(1, f32, r * 2 + i)

@@ -628,10 +628,12 @@ class Prefetch:
 class StreamPrefetch:
     """Software prefetches ``distance`` elements ahead along the long sums of a kernel with ``reduce_lanes``: once
     per block of lanes, for every load of an input in ``params`` that walks the sum's range contiguously
-    (``opt.prefetch_streams``; clipped to the buffer)."""
+    (``opt.prefetch_streams``; clipped to the buffer), into the cache level ``locality`` names (as
+    ``__builtin_prefetch``'s: 3 the nearest, 1 the farthest)."""
 
     params: tuple[int, ...]
     distance: int
+    locality: int
 
 
 @dataclass(frozen=True)

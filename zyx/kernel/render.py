@@ -533,7 +533,7 @@ class CRenderer(CStyleRenderer):
                     out += [f"{{ const {it} {r} = {r}_o + {f.distance}LL; const {it} zi = {inline(x.srcs[0])};",
                             f"  const {it} zq = zi < {last}LL ? zi : {last}LL;",
                             f"  for (int zl = 0; zl < {lanes}; zl += {line}) "
-                            f"__builtin_prefetch(p{x.arg} + zq + zl, 0, 3); }}"]
+                            f"__builtin_prefetch(p{x.arg} + zq + zl, 0, {f.locality}); }}"]
             return out
 
         def reduce_loop(red: Reduce, ind: str, lo: str, hi: str, members: list[tuple[Expr, str, bool]],
