@@ -845,7 +845,11 @@ class Tensor:
                 raise ValueError(f"{name} of an empty axis has no identity (shape {shape}, axis {axis})")
         out = fn.apply(x, axes=axes) if axes else x  # over an empty axis: the identity (``ops.reduce``)
         if not keepdim and axes:  # drop the reduced axes (size 1 now): a reshape known to be valid
-            out = F.Reshape.apply(out, shape=tuple(s for i, s in enumerate(shape) if i not in axes))
+            if len(axes) == 1:  # without a generator (see ``ops.reduce``)
+                kept = shape[:axes[0]] + shape[axes[0] + 1:]
+            else:
+                kept = tuple(s for i, s in enumerate(shape) if i not in axes)
+            out = F.Reshape.apply(out, shape=kept)
         return out
 
     def sum(self, axis=None, keepdim: bool = False, dtype=None, dim=None, keepdims: bool | None = None):

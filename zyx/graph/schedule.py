@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ class Step:
     src_pool: Pool | None = None
     dst_pool: Pool | None = None
     source: object = None  # the ir.Kernel (generated) or LibraryKernel
+    scalar_args: bool = False  # an argument is a scalar variable's value (else every argument is a buffer)
 
     def __repr__(self) -> str:
         return f"Step({self.kind}, {self.name!r} on {self.device})"
@@ -168,6 +170,7 @@ def plan(order: list[Class], leaves: list[Class], outputs: list[Class], match: b
     stored, aliases = fusion.materialized, fusion.aliases
 
     slot: dict[int, int] = {id(c): i for i, c in enumerate(leaves)}
+    var_slots = {i for i, c in enumerate(leaves) if c.buffer is None}
     alloc: list[tuple[int, Pool, str, int]] = []
     for c in order:
         if c in stored:
@@ -190,7 +193,8 @@ def plan(order: list[Class], leaves: list[Class], outputs: list[Class], match: b
         elif node is not None and node.op is Ops.KERNEL:
             lib: LibraryKernel = node.arg
             args = tuple(slot[id(i)] for i in lib.inputs) + (slot[id(c)],)
-            step = Step("library", c.device, lib.name, args, dev=lib.device, program=lib.program, source=lib)
+            step = Step("library", c.device, lib.name, args, dev=lib.device, program=lib.program, source=lib,
+                        scalar_args=not var_slots.isdisjoint(args))
         else:
             continue
         ordered.append((fusion.depth[id(c)], pos, step))
@@ -200,8 +204,9 @@ def plan(order: list[Class], leaves: list[Class], outputs: list[Class], match: b
         kernels.append((type(k)(group.name, k.params, k.loops, k.stores), reg.get(group.roots[0].device).primary))
     programs = _compile_all(kernels)
     for n, (group, (k, dev), program) in enumerate(zip(fusion.groups, kernels, programs)):
-        step = Step("generated", group.roots[0].device, k.name,
-                    tuple(slot[id(p)] for p in group.builder.param_classes), dev=dev, program=program, source=k)
+        args = tuple(slot[id(p)] for p in group.builder.param_classes)
+        step = Step("generated", group.roots[0].device, k.name, args, dev=dev, program=program, source=k,
+                    scalar_args=not var_slots.isdisjoint(args))
         ordered.append((group.depth, n - len(fusion.groups), step))
     steps = [st for _, _, st in sorted(ordered, key=lambda t: (t[0], t[1]))]
     empty = {slot[id(c)] for c in order if c in stored and c.numel == 0}
@@ -329,7 +334,9 @@ def realize(outputs: list[Class]) -> None:
     p, leaves, outs = get_plan(outputs)
     if p is None:
         return
-    values = [c.var_value if c.buffer is None else c.buffer for c in leaves]
+    values = []  # a loop, not a comprehension: a few us less when the caches are cold (after a large kernel)
+    for c in leaves:
+        values.append(c.var_value if c.buffer is None else c.buffer)
     STATS["realizes"] += 1
     buffers = execute(p, values)
     if recording is not None:
@@ -375,12 +382,17 @@ def execute(p: Plan, values: list) -> list[Buffer]:
         if st.kind == "copy":
             table[st.args[1]] = _copy(st, table[st.args[0]])
         else:
-            st.dev.launch(st.program, [a.id if isinstance(a, Buffer) else a for a in map(table.__getitem__, st.args)])
+            args = map(table.__getitem__, st.args)
+            st.dev.launch(st.program, [a.id if isinstance(a, Buffer) else a for a in args] if st.scalar_args
+                          else list(map(_buffer_id, args)))
         if pending:
             pending = _resolve_aliases(pending, table)
         for r in rel:
             table[r] = None
-    return [table[s] for s in p.outputs]
+    return list(map(table.__getitem__, p.outputs))
+
+
+_buffer_id = operator.attrgetter("id")
 
 
 def _slot_table(p: Plan, values: list) -> list:
