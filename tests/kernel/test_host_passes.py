@@ -746,8 +746,8 @@ def test_long_row_sums_prefetch_their_stream(monkeypatch):
     """``prefetch_streams``: a long row sum with lanes prefetches its input ``STREAM_PREFETCH_BYTES`` ahead into L2
     (locality 2: the L1 is left to the hardware prefetcher), once per block of lanes, for each row computed together
     (the range redefined ahead in a scope of its own, the block clipped to the buffer); the values are those of the
-    kernel without it, bit for bit. Small inputs get none by default, and ``prefetch_distance`` 0 (a search
-    candidate) turns it off."""
+    kernel without it, bit for bit. Small inputs get none by default, ``prefetch_distance`` 0 (a search
+    candidate) turns it off and ``prefetch_locality`` 3 (another) fetches into L1."""
     rng = np.random.default_rng(11)
     X = zyx.Tensor(rng.standard_normal((8, 4096)).astype(np.float32)).realize()
     (k,) = _kernels(lambda: X.sum(1).numpy())
@@ -763,6 +763,8 @@ def test_long_row_sums_prefetch_their_stream(monkeypatch):
         assert src.count(f"zl < {lanes}; zl += 16) __builtin_prefetch(p1 + zq + zl, 0, 2);") == rows
         assert f"zi < {8 * 4096 - lanes}LL ? zi : {8 * 4096 - lanes}LL" in src
     assert opt.optimize(k, HOST2, {"prefetch_distance": 0}).stream_prefetch is None
+    l1 = CRenderer().render(opt.optimize(k, HOST2, {"prefetch_locality": 3}))  # a search candidate: into L1
+    assert "__builtin_prefetch(p1 + zq + zl, 0, 3);" in l1 and "__builtin_prefetch(p1 + zq + zl, 0, 2);" not in l1
     on, off = _run(lambda: X.sum(1).numpy()), _run(lambda: X.sum(1).numpy(), ("prefetch_streams",))
     np.testing.assert_array_equal(on[0], off[0])
 

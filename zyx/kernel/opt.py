@@ -352,13 +352,15 @@ STREAM_PREFETCH_BYTES = 2 << 10
 STREAM_PREFETCH_LOCALITY = 2
 
 
-def prefetch_streams(k: Kernel, distance: int | None = None) -> Kernel:
+def prefetch_streams(k: Kernel, distance: int | None = None, locality: int | None = None) -> Kernel:
     """Prefetch ``distance`` bytes (default ``STREAM_PREFETCH_BYTES``) ahead of each contiguous load of a long sum
-    with ``reduce_lanes`` (``Kernel.stream_prefetch``), once per block of lanes, for inputs of at least
+    with ``reduce_lanes`` (``Kernel.stream_prefetch``) into the cache level ``locality`` names (default
+    ``STREAM_PREFETCH_LOCALITY``), once per block of lanes, for inputs of at least
     ``PREFETCH_MIN_INPUT`` bytes: the hardware prefetcher alone leaves a row sum of a 64 MB matrix short of the
     bandwidth that two cores reach. Loads behind a gate or through a loaded index are left alone. Changes no
     value."""
     distance = STREAM_PREFETCH_BYTES if distance is None else distance
+    locality = STREAM_PREFETCH_LOCALITY if locality is None else locality
     if k.reduce_lanes <= 1 or distance <= 0 or k.stream_prefetch is not None:
         return k
     params: set[int] = set()
@@ -376,8 +378,7 @@ def prefetch_streams(k: Kernel, distance: int | None = None) -> Kernel:
     if not params:
         return k
     size = max(k.params[p].dtype.itemsize for p in params)
-    return replace(k, stream_prefetch=ir.StreamPrefetch(tuple(sorted(params)), max(distance // size, 1),
-                                                         STREAM_PREFETCH_LOCALITY))
+    return replace(k, stream_prefetch=ir.StreamPrefetch(tuple(sorted(params)), max(distance // size, 1), locality))
 
 
 _INDEX_OPAQUE = frozenset({Ops.LOAD, Ops.LOCAL, Ops.STASH, Ops.REDUCE, Ops.SCAN})  # no index the renderer inlines
@@ -1195,7 +1196,8 @@ def search_space(k: Kernel, info: DeviceInfo) -> dict[str, tuple[int, ...]]:
              "row_block": (4, 8, 16), "vector_tile": (32, 64, 128), "collapse": (1, 2), "stash": (0, 1),
              "reduce_lanes": tuple(dict.fromkeys((target_lanes(info), 1, 16, 32, 64, 128))),
              "upcast_rows": (UPCAST_ROWS, 2, 4, 8),
-             "prefetch_distance": tuple(dict.fromkeys((STREAM_PREFETCH_BYTES, 0, 512, 1024, 4096)))}
+             "prefetch_distance": tuple(dict.fromkeys((STREAM_PREFETCH_BYTES, 0, 512, 1024, 4096))),
+             "prefetch_locality": tuple(dict.fromkeys((STREAM_PREFETCH_LOCALITY, 3)))}
     if "transpose" not in DISABLED and _transpose_axes(merge_loops(drop_unit_loops(k))) is not None:
         space["transpose_tile"] = (*TRANSPOSE_TILES, 128, 0)
     if "gemm" not in DISABLED:
@@ -1260,5 +1262,5 @@ def _host_passes(part: Kernel, info: DeviceInfo, p: Params, units: int, min_work
     if "prefetch" not in DISABLED:
         part = prefetch_blocks(part)
     if "prefetch_streams" not in DISABLED:
-        part = prefetch_streams(part, p.get("prefetch_distance"))
+        part = prefetch_streams(part, p.get("prefetch_distance"), p.get("prefetch_locality"))
     return part
