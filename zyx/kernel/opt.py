@@ -347,7 +347,9 @@ def prefetch_blocks(k: Kernel) -> Kernel:
 # 2 KiB within 2% of 1 KiB, all fetched into L1 (locality 3). Fetched into L2 instead (locality 2), the L1 left to the
 # hardware prefetcher: the kernel alone, 2 KiB ahead, 5-17% faster than 1 KiB into L1 in 6 runs of 30 rounds in turns
 # (1 KiB into L2 within 3% of 2 KiB, 4 KiB 0-6% slower; locality 1 the same as 2); the whole ``x.sum(1)`` 7-11% faster
-# in 4 runs, a row variance 5-14% in 2 (2026-12-06, AMD EPYC family 25)
+# in 4 runs, a row variance 5-14% in 2 (2026-12-06, AMD EPYC family 25). Each of those calls followed its own warm-up
+# call; right after torch's call (the bench's order), whose OpenMP thread still spins on the second core, the kernel
+# is 1-2% faster, and both prefetches level with torch
 STREAM_PREFETCH_BYTES = 2 << 10
 STREAM_PREFETCH_LOCALITY = 2
 
