@@ -914,3 +914,48 @@ def test_integer_selects_outside_vector_loops_are_bit_masks():
     (k,) = _kernels(lambda: zyx.Tensor(rows).argmax(-1).numpy())
     assert "zyx__seli64(" not in body(k) and " ? r" in body(k)
     np.testing.assert_array_equal(zyx.Tensor(rows).argmax(-1).numpy(), torch.tensor(rows).argmax(-1).numpy())
+
+
+def _post_order(roots: list[ir.Expr]) -> list[ir.Expr]:
+    """The reference order: a recursive depth-first post-order, each node's sources (then a reduce's ranges) left
+    to right, every node once."""
+    out: list[ir.Expr] = []
+    seen: set[int] = set()
+
+    def visit(e: ir.Expr) -> None:
+        if id(e) in seen:
+            return
+        seen.add(id(e))
+        for s in (*e.srcs, *(e.arg[1] if e.op is Ops.REDUCE else ())):
+            visit(s)
+        out.append(e)
+
+    for r in roots:
+        visit(r)
+    return out
+
+
+def test_toposort_is_the_recursive_post_order():
+    """``ir.toposort`` (iterative) lists the nodes a recursive post-order lists, in the same order (passes that take
+    the first or the last match depend on it): on a sorting network's kernels (deep, much shared), a softmax's and
+    a column sum's."""
+    x = np.random.default_rng(3).standard_normal((3, 200))
+    X = zyx.Tensor(x).realize()
+    ks = _kernels(lambda: [X.topk(5).values.numpy(), (X.exp() / X.exp().sum(1, keepdim=True)).numpy(),
+                           X.sum(0).numpy()])
+    assert len(ks) >= 3
+    for k in ks:
+        roots = opt._all_roots(k)
+        assert [id(e) for e in ir.toposort(roots)] == [id(e) for e in utils.deep_call(_post_order, roots)]
+
+
+def test_a_kernels_reduces_are_listed_once():
+    """``Kernel.reduces`` lists the reduces once per kernel (the passes ask for them again and again); a kernel
+    rebuilt with other stores lists its own."""
+    X = zyx.Tensor(np.ones((16, 24), np.float32)).realize()
+    (k,) = _kernels(lambda: X.softmax(1).numpy())
+    reds = k.reduces()
+    assert reds is k.reduces() and len(reds) == 2
+    assert reds == tuple(e for e in ir.toposort([s.value for s in k.stores]) if e.op is Ops.REDUCE)
+    plain = replace(k, stores=tuple(Store(s.param, s.index, ir.const(1.0, s.value.dtype)) for s in k.stores))
+    assert plain.reduces() == ()

@@ -465,7 +465,7 @@ def _product_sum(n: Node) -> bool:
     return not src.realized and src.op is Ops.MUL
 
 
-def _reduce_nesting(b: KernelBuilder) -> tuple[list[ir.Expr], set[int]]:
+def _reduce_nesting(b: KernelBuilder) -> tuple[tuple[ir.Expr, ...], set[int]]:
     """The reduces of ``b``'s kernel and the ids of those inside another's loops (none when there is one)."""
     reds = b.kernel().reduces()
     if len(reds) < 2:

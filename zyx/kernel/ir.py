@@ -569,24 +569,33 @@ def substitute(e: Expr, mapping: dict[Expr, Expr], memo: dict | None = None) -> 
     return out
 
 
+def _kids(e: Expr) -> tuple[Expr, ...]:
+    return (*e.srcs, *e.arg[1]) if e.op is Ops.REDUCE else e.srcs
+
+
 def toposort(roots: list[Expr]) -> list[Expr]:
-    """Every node reachable from ``roots`` (including reduce ranges), sources first."""
+    """Every node reachable from ``roots`` (including reduce ranges), sources first: a depth-first post-order,
+    sources left to right (iterators on one stack: no list per node, half the time of a stack of flags)."""
     out: list[Expr] = []
     seen: set[int] = set()
-    stack: list[tuple[Expr, bool]] = [(r, False) for r in reversed(roots)]
-    while stack:
-        e, done = stack.pop()
-        if done:
-            out.append(e)
+    add, emit = seen.add, out.append
+    reduce_op = Ops.REDUCE
+    for root in roots:
+        if id(root) in seen:
             continue
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        stack.append((e, True))
-        kids = list(e.srcs) + (list(e.arg[1]) if e.op is Ops.REDUCE else [])
-        for s in reversed(kids):
-            if id(s) not in seen:
-                stack.append((s, False))
+        add(id(root))
+        stack = [(root, iter(_kids(root)))]
+        push, pop = stack.append, stack.pop
+        while stack:
+            e, it = stack[-1]
+            for s in it:
+                if id(s) not in seen:
+                    add(id(s))
+                    push((s, iter((*s.srcs, *s.arg[1]) if s.op is reduce_op else s.srcs)))  # _kids, inlined
+                    break
+            else:
+                pop()
+                emit(e)
     return out
 
 
@@ -685,8 +694,13 @@ class Kernel:
     def size(self) -> int:
         return math.prod(r.arg[1] for r in self.loops)
 
-    def reduces(self) -> list[Expr]:
-        return [e for e in toposort([s.value for s in self.stores]) if e.op is Ops.REDUCE]
+    def reduces(self) -> tuple[Expr, ...]:
+        """The reduces the stores' values read, sources first (listed once per kernel: passes ask often)."""
+        reds = self.__dict__.get("_reduces")
+        if reds is None:
+            reds = tuple(e for e in toposort([s.value for s in self.stores]) if e.op is Ops.REDUCE)
+            object.__setattr__(self, "_reduces", reds)  # a cache beside the fields (frozen: the stores never change)
+        return reds
 
     def scan_ranges(self) -> frozenset[Expr]:
         """The output loop ranges that scans run along."""

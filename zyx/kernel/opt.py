@@ -767,6 +767,31 @@ def _stash_consumers(k: Kernel, red: Expr) -> list[tuple[Expr, list[Expr]]]:
     return out
 
 
+class _ConsumerBody:
+    """A loop over ``range`` whose body is ``roots``: whether it computes a row value of reduce range ``rr``. The
+    body's node ids are listed on the first question, in ``known`` (shared by the scans of one kernel: a body
+    that no stash changed is the same roots); the entry keeps the roots alive, so that the ids stay theirs.
+    ``known`` also keeps one substitution memo per pair of ranges."""
+
+    __slots__ = ("range", "roots", "mapping", "memo", "known", "ids")
+
+    def __init__(self, r: Expr, roots: list[Expr], rr: Expr, known: dict) -> None:
+        self.range, self.roots, self.mapping, self.known = r, roots, {rr: r}, known
+        self.memo = known.setdefault((rr, r), {})  # ``rr`` -> ``r`` substitutions do not depend on the kernel
+        self.ids: set[int] | None = None
+
+    def reads(self, s: Expr) -> Expr | None:
+        """``s`` with ``rr`` replaced by this loop's range, if the body computes it; else None."""
+        if self.ids is None:
+            key = tuple(map(id, self.roots))
+            entry = self.known.get(key)
+            if entry is None:
+                entry = self.known[key] = (self.roots, set(map(id, ir.toposort(self.roots))))
+            self.ids = entry[1]
+        s2 = ir.substitute(s, self.mapping, self.memo)
+        return s2 if id(s2) in self.ids else None
+
+
 def stash_row_values(k: Kernel) -> Kernel:
     """Compute a row value once: when a single-range reduce (a softmax's max or sum, a LayerNorm's mean) computes
     an expression of its range that a later loop over a range of the same size recomputes (the output loop, or
@@ -777,6 +802,7 @@ def stash_row_values(k: Kernel) -> Kernel:
     if k.split_reduce or k.vector_acc is not None or k.scan_ranges():
         return k
     slot, total = 0, 0
+    known: dict = {}  # ``_ConsumerBody.known``
     for i in range(len(k.reduces())):
         reds = k.reduces()  # rebuilt by every stash: take the i-th afresh
         if i >= len(reds) or len(reds[i].arg[1]) != 1:
@@ -787,6 +813,10 @@ def stash_row_values(k: Kernel) -> Kernel:
             consumers = _stash_consumers(k, red)
             if not consumers:
                 break
+            # per consumer, once per scan (not once per candidate: a fused sorting network's reduce has thousands
+            # of candidates, and that made this pass quadratic): its body's nodes and a memo for substituting its
+            # range, which every candidate shares
+            seen = [_ConsumerBody(c, roots, rr, known) for c, roots in consumers]
             found = None
             for s in reversed(ir.toposort([red.srcs[0]])):  # largest first
                 if rr not in s.ranges or s.op in (Ops.RANGE, Ops.STASH, Ops.REDUCE) or s.dtype is ir.index_dtype \
@@ -796,10 +826,10 @@ def stash_row_values(k: Kernel) -> Kernel:
                 if nbytes > STASH_MAX_BYTES or total + nbytes > STASH_TOTAL_BYTES:
                     continue
                 hits = []
-                for c, roots in consumers:
-                    s2 = ir.substitute(s, {rr: c})
-                    if any(x is s2 for x in ir.toposort(roots)):
-                        hits.append((c, s2))
+                for body in seen:
+                    s2 = body.reads(s)
+                    if s2 is not None:
+                        hits.append((body.range, s2))
                 if hits:
                     found = (s, hits, nbytes)
                     break
