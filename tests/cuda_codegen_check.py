@@ -20,7 +20,7 @@ from zyx.kernel import gpu
 from zyx.kernel.render_cuda import render_cuda
 
 ARCHS = ("sm_80", "sm_90")
-BATCH = 32  # kernels per NVRTC program
+BATCH = 128  # kernels per NVRTC program (308 kernels, one process: 8 per program 2.22 s, 32 1.47 s, 128 1.27 s)
 POOL_MIN_BATCHES = 4  # below this, a worker pool costs more than it saves
 
 
