@@ -813,9 +813,9 @@ def stash_row_values(k: Kernel) -> Kernel:
             consumers = _stash_consumers(k, red)
             if not consumers:
                 break
-            # per consumer, once per scan (not once per candidate: a fused sorting network's reduce has thousands
-            # of candidates, and that made this pass quadratic): its body's nodes and a memo for substituting its
-            # range, which every candidate shares
+            # per consumer, its body's nodes (listed once per kernel, not once per candidate: a fused sorting
+            # network's reduce has thousands of candidates, and that made this pass quadratic) and a memo for
+            # substituting its range, which every candidate shares
             seen = [_ConsumerBody(c, roots, rr, known) for c, roots in consumers]
             found = None
             for s in reversed(ir.toposort([red.srcs[0]])):  # largest first
