@@ -769,24 +769,23 @@ def _stash_consumers(k: Kernel, red: Expr) -> list[tuple[Expr, list[Expr]]]:
 
 class _ConsumerBody:
     """A loop over ``range`` whose body is ``roots``: whether it computes a row value of reduce range ``rr``. The
-    body's node ids are listed on the first question, in ``known`` (shared by the scans of one kernel: a body
-    that no stash changed is the same roots); the entry keeps the roots alive, so that the ids stay theirs.
-    ``known`` also keeps one substitution memo per pair of ranges."""
+    body's node ids are listed on the first question, in ``bodies`` (shared by the scans of one kernel: a body that
+    no stash changed is the same roots; the entry keeps the roots alive, so that the ids stay theirs); ``memo`` is
+    the ``rr`` -> ``range`` substitution memo, which does not depend on the kernel."""
 
-    __slots__ = ("range", "roots", "mapping", "memo", "known", "ids")
+    __slots__ = ("range", "roots", "mapping", "memo", "bodies", "ids")
 
-    def __init__(self, r: Expr, roots: list[Expr], rr: Expr, known: dict) -> None:
-        self.range, self.roots, self.mapping, self.known = r, roots, {rr: r}, known
-        self.memo = known.setdefault((rr, r), {})  # ``rr`` -> ``r`` substitutions do not depend on the kernel
+    def __init__(self, r: Expr, roots: list[Expr], rr: Expr, memo: dict, bodies: dict) -> None:
+        self.range, self.roots, self.mapping, self.memo, self.bodies = r, roots, {rr: r}, memo, bodies
         self.ids: set[int] | None = None
 
     def reads(self, s: Expr) -> Expr | None:
         """``s`` with ``rr`` replaced by this loop's range, if the body computes it; else None."""
         if self.ids is None:
             key = tuple(map(id, self.roots))
-            entry = self.known.get(key)
+            entry = self.bodies.get(key)
             if entry is None:
-                entry = self.known[key] = (self.roots, set(map(id, ir.toposort(self.roots))))
+                entry = self.bodies[key] = (self.roots, set(map(id, ir.toposort(self.roots))))
             self.ids = entry[1]
         s2 = ir.substitute(s, self.mapping, self.memo)
         return s2 if id(s2) in self.ids else None
@@ -802,7 +801,8 @@ def stash_row_values(k: Kernel) -> Kernel:
     if k.split_reduce or k.vector_acc is not None or k.scan_ranges():
         return k
     slot, total = 0, 0
-    known: dict = {}  # ``_ConsumerBody.known``
+    bodies: dict = {}  # ``_ConsumerBody.bodies``
+    memos: dict[tuple[Expr, Expr], dict] = {}  # per (reduce range, consumer range)
     for i in range(len(k.reduces())):
         reds = k.reduces()  # rebuilt by every stash: take the i-th afresh
         if i >= len(reds) or len(reds[i].arg[1]) != 1:
@@ -816,7 +816,7 @@ def stash_row_values(k: Kernel) -> Kernel:
             # per consumer, its body's nodes (listed once per kernel, not once per candidate: a fused sorting
             # network's reduce has thousands of candidates, and that made this pass quadratic) and a memo for
             # substituting its range, which every candidate shares
-            seen = [_ConsumerBody(c, roots, rr, known) for c, roots in consumers]
+            seen = [_ConsumerBody(c, roots, rr, memos.setdefault((rr, c), {}), bodies) for c, roots in consumers]
             found = None
             for s in reversed(ir.toposort([red.srcs[0]])):  # largest first
                 if rr not in s.ranges or s.op in (Ops.RANGE, Ops.STASH, Ops.REDUCE) or s.dtype is ir.index_dtype \
