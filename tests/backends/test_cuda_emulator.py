@@ -13,6 +13,7 @@ streams, events, frees and kernels, run asynchronously on the CPU.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import subprocess
@@ -29,7 +30,7 @@ from zyx.backends.base import BackendError
 from zyx.backends.cuda import nvrtc
 from zyx.backends.cuda.args import KernelSpec
 from zyx.backends.cuda.device import CudaDevice
-from zyx.backends.cuda.driver import Driver, DriverError
+from zyx.backends.cuda.driver import DEVICE_ATTRIBUTES, Driver, DriverError
 from zyx.backends.cuda.pool import CudaPool
 from zyx.backends.cuda.worker import Worker, WorkerConfig
 
@@ -254,6 +255,23 @@ def test_cubin_for_another_sm_is_refused(machine):
     cubin = nvrtc.compile_cubin(AXPB, "zyx_axpb", "sm_80")
     with pytest.raises(BackendError, match="NO_BINARY_FOR_GPU.*sm_90"):
         machine.worker.load_module(cubin, AXPB_SPEC)
+
+
+def test_the_worker_reads_every_attribute_of_the_emulated_h200(machine):
+    """Attributes with two enum names (MAX_SHARED_MEMORY_PER_BLOCK alias SHARED_MEMORY_PER_BLOCK) included: a zero
+    there made the emulated device plan GPU kernels without shared memory, unlike the H200 it stands for."""
+    h200 = emulator.driver.H200_ATTRIBUTES
+    assert {n: machine.worker.attrs[n] for n in DEVICE_ATTRIBUTES} == {n: h200[n] for n in DEVICE_ATTRIBUTES}
+    assert machine.device.info().local_memory_bytes == 48 * 1024
+
+
+def test_the_reference_gpu_of_code_generation_is_the_emulated_h200(machine):
+    """The end-of-session NVRTC check renders with ``gpu.reference_info()``; equal to the device's info, its sm_90
+    sources are the ones the emulated device already compiled."""
+    from zyx.kernel import gpu
+
+    assert dataclasses.replace(machine.device.info(), name="", extra={}) == dataclasses.replace(
+        gpu.reference_info(), name="", extra={})
 
 
 def test_python_m_zyx_says_the_gpu_is_emulated(tmp_path):

@@ -280,13 +280,16 @@ class Geometry:
 
 
 def reference_info(compute_units: int = 132, arch: tuple[int, int] = (9, 0)) -> DeviceInfo:
-    """A CUDA DeviceInfo for code generation without a GPU (an H200 by default: 132 SMs, sm_90)."""
+    """A CUDA DeviceInfo for code generation without a GPU (an H200 by default: 132 SMs, sm_90). By default it is
+    what the CUDA device reports on an H200 (and on the emulated one), name aside, so kernels rendered with it are
+    the kernels that device compiles."""
     return DeviceInfo(name=f"cuda (reference sm_{arch[0]}{arch[1]})", kind="cuda", compute_units=compute_units,
                       max_global_work=(2**31 - 1, 65535, 65535), max_local_work=(1024, 1024, 64),
                       max_local_threads=1024, local_memory_bytes=48 * 1024, shared_optin_bytes=227 * 1024,
                       warp_size=32,
                       compute_capability=arch, dtypes=frozenset(d.name for d in dtypes.ALL),
-                      tensor_cores=arch[0] >= 7)
+                      tensor_cores=arch[0] >= 7, vector_bytes=16, peak_gflops=67_000.0, memory_gbps=4_300.0,
+                      launch_overhead_ns=4_000)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -253,8 +253,12 @@ class EmulatedDriver:
         return R.CUDA_SUCCESS, self.config.name.encode()[: int(length) - 1] + b"\0"
 
     def cuDeviceGetAttribute(self, attr: Any, dev: int) -> tuple:
-        name = CUdevice_attribute(attr).name.removeprefix("CU_DEVICE_ATTRIBUTE_")
-        return R.CUDA_SUCCESS, int(self.config.attributes.get(name, 0))
+        # By value, not by the enum's name: some attributes have two names (MAX_SHARED_MEMORY_PER_BLOCK is also
+        # SHARED_MEMORY_PER_BLOCK) and the enum reports only its first.
+        for name, value in self.config.attributes.items():
+            if int(getattr(CUdevice_attribute, "CU_DEVICE_ATTRIBUTE_" + name)) == int(attr):
+                return R.CUDA_SUCCESS, int(value)
+        return R.CUDA_SUCCESS, 0
 
     def cuDeviceTotalMem(self, dev: int) -> tuple:
         return R.CUDA_SUCCESS, self.config.memory
