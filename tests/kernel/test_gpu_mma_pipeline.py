@@ -12,6 +12,7 @@ The shared rows are ``bk / pack + 4`` words (4 mod 8) and a row-first tile's wor
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 from collections import Counter
@@ -211,6 +212,17 @@ _FRAG_ROW = re.compile(r"const int (zu|zv) = (zw[mn] \* \d+ \+ z[ij] \* \d+ \+ z
 _FRAG_READ = re.compile(r"(z[ab])\[(z[ij])\]\[(\d)\] = (zs[ab])\[zbf\]\[([^\[\]]+)\]\[([^\[\]]+)\];")
 
 
+@functools.cache
+def _compiled(expr: str):
+    return compile(expr, "<rendered index>", "eval")
+
+
+def at(expr: str, env: dict[str, int]) -> int:
+    """The value of a rendered C index expression (Python syntax) in ``env``; each expression is compiled once
+    (evaluating the source text each time was most of these tests' time)."""
+    return eval(_compiled(expr), {}, env)  # noqa: S307 - our own rendered source
+
+
 def fragment_banks(src: str, g: gpu.Geometry) -> list[list[int]]:
     """For every fragment read of the rendered source (each register, every warp, mma tile and k step): the
     banks of the 32 lanes' words, from the source's own row and column expressions and array shapes."""
@@ -231,9 +243,8 @@ def fragment_banks(src: str, g: gpu.Geometry) -> list[list[int]]:
                     for zl in range(32):
                         env = {"zr": zl >> 2, "zt": zl & 3, "zwm": w // t.wn, "zwn": w % t.wn, "zi": i, "zj": i,
                                "zp": zp}
-                        env[idx.replace("zi", "zu").replace("zj", "zv")] = eval(rows["zu" if idx == "zi" else "zv"],
-                                                                                {}, env)
-                        r, c = eval(row, {}, env), eval(col, {}, env)
+                        env[idx.replace("zi", "zu").replace("zj", "zv")] = at(rows["zu" if idx == "zi" else "zv"], env)
+                        r, c = at(row, env), at(col, env)
                         assert 0 <= c < kw and 0 <= r < shapes[arr][0]
                         banks.append((r * rw + c) % 32)
                     out.append(banks)
@@ -264,7 +275,7 @@ def ldmatrix_banks(src: str, g: gpu.Geometry) -> list[list[int]]:
                         banks = []
                         for zl in range(8 * q, 8 * q + 8):
                             env = {"zl": zl, "zwm": w // t.wn, "zwn": w % t.wn, "zi": i, "zj": i, "zp": zp}
-                            r, c = eval(row, {}, env), eval(col, {}, env)
+                            r, c = at(row, env), at(col, env)
                             assert c % 4 == 0 and 0 <= c < kw and 0 <= r < shapes[arr][0]
                             banks += [(r * rw + c + x) % 32 for x in range(4)]
                         out.append(banks)
@@ -291,8 +302,8 @@ def store_ways(src: str, arr: str) -> int:
             words = set()
             for zl in phase:  # warp 0, trip 0: zo is the lane
                 env = {"zo": zl}
-                env["zu"], env["zv"] = eval(zu, {}, env), eval(zv, {}, env)
-                w = eval(m.group(2), {}, env) * rw + eval(m.group(3), {}, env)
+                env["zu"], env["zv"] = at(zu, env), at(zv, env)
+                w = at(m.group(2), env) * rw + at(m.group(3), env)
                 words.update(w + q for q in range(width))
             if words:
                 worst = max(worst, max(Counter(w % 32 for w in words).values()))
