@@ -87,6 +87,7 @@ class FakeDriver:
         self.launches: list[tuple[str, tuple, tuple, int, int, int]] = []  # name, grid, block, shared, stream, params
         self.on_launch = None  # fn(name, params) emulating the kernel
         self.elapsed_ms = 1.5
+        self.executes_machine_code = True  # as the NVIDIA driver: cubins compiled at full optimization
 
     # helpers
     def _rec(self, name: str, *args) -> None:

@@ -274,6 +274,22 @@ def test_the_reference_gpu_of_code_generation_is_the_emulated_h200(machine):
         gpu.reference_info(), name="", extra={})
 
 
+def test_the_emulated_device_compiles_at_the_lowest_effort_and_marks_its_sources_checked(monkeypatch):
+    """The emulator runs the CUDA C, never the cubin's machine code: the device asks NVRTC for its fastest compile,
+    which also marks the source checked for the end-of-session NVRTC check."""
+    if "cuda:0" not in zyx.registry().placements():
+        pytest.skip("the emulated GPU is off (ZYX_CUDA_EMULATE=0)")
+    assert not zyx.registry().get("cuda:0").pool.worker.drv.executes_machine_code
+    seen = []
+    compile_cubin = nvrtc.compile_cubin
+    monkeypatch.setattr(nvrtc, "compile_cubin", lambda src, name, arch, optimize=True: seen.append(
+        (src, arch, optimize)) or compile_cubin(src, name, arch, optimize))
+    a = np.arange(7, dtype=np.float32)
+    np.testing.assert_array_equal((zyx.Tensor(a, device="cuda:0") * 3 - 1).numpy(), a * 3 - 1)
+    assert seen and all(not optimize for _, _, optimize in seen)
+    assert all(nvrtc.is_checked(src, arch) for src, arch, _ in seen)
+
+
 def test_python_m_zyx_says_the_gpu_is_emulated(tmp_path):
     cfg = tmp_path / "c.json"
     cfg.write_text("{}")
@@ -593,13 +609,13 @@ def test_compile_many_runs_nvrtc_in_parallel_and_equals_compile(monkeypatch):
     live, most, lock = [0], [0], threading.Lock()
     compile_cubin = nvrtc.compile_cubin
 
-    def slow(source, name, arch):
+    def slow(source, name, arch, optimize=True):
         with lock:
             live[0] += 1
             most[0] = max(most[0], live[0])
         time.sleep(0.2)
         try:
-            return compile_cubin(source, name, arch)
+            return compile_cubin(source, name, arch, optimize)
         finally:
             with lock:
                 live[0] -= 1

@@ -374,7 +374,7 @@ def _fresh_kernel(body: str) -> str:
 
 @needs_nvrtc
 def test_check_batch_still_assembles_inline_ptx():
-    """The batch check compiles at NVRTC's fastest effort (``CHECK_OPTIONS``) but still runs ptxas: an inline
+    """The batch check compiles at NVRTC's fastest effort (``FAST_OPTIONS``) but still runs ptxas: an inline
     PTX instruction that does not exist fails the check, as it fails a real compile."""
     bad = _fresh_kernel('asm volatile("mma.sync.no_such_shape.f32 %0;" :: "f"(p[1]));')
     with pytest.raises(BackendError, match="fresh_"):
@@ -384,11 +384,28 @@ def test_check_batch_still_assembles_inline_ptx():
 
 
 @needs_nvrtc
-def test_check_batch_drops_options_this_nvrtc_rejects(monkeypatch):
-    monkeypatch.setattr(nvrtc, "_check_options", ("--no-such-nvrtc-option",))
+def test_options_this_nvrtc_rejects_are_left_out(monkeypatch):
+    monkeypatch.setattr(nvrtc, "FAST_OPTIONS", ("--no-such-nvrtc-option",))
+    monkeypatch.setattr(nvrtc, "LEAN_OPTIONS", ("--no-such-lean-option",))
     src = _fresh_kernel("")
+    assert not any("no-such" in o for o in nvrtc.options(src, "sm_80", optimize=False))
     assert nvrtc.check_batch([src, _fresh_kernel("p[1] = 2.0f;")], "sm_80") == 2
-    assert nvrtc.is_checked(src, "sm_80") and nvrtc._check_options == ()
+    assert nvrtc.is_checked(src, "sm_80")
+    assert nvrtc.compile_cubin(_fresh_kernel("p[2] = 1.0f;"), "k", "sm_80", optimize=False)[:4] == b"\x7fELF"
+
+
+@needs_nvrtc
+@pytest.mark.skipif(nvrtc.available() is None and nvrtc.nvrtc_version() < (12, 8),
+                    reason="NVRTC before 12.8 has no --Ofast-compile")
+def test_lean_and_fast_options_where_they_apply():
+    """``--minimal`` for every source without an include (the same cubin, compiled faster); the lowest effort only
+    for code that never runs, and such a compile marks its source checked for that sm."""
+    src = _fresh_kernel("")
+    assert "--minimal" in nvrtc.options(src, "sm_90") and "--Ofast-compile=max" not in nvrtc.options(src, "sm_90")
+    assert "--Ofast-compile=max" in nvrtc.options(src, "sm_90", optimize=False)
+    assert "--minimal" not in nvrtc.options("#include <cuda_fp16.h>\n" + src, "sm_90")
+    assert nvrtc.compile_cubin(src, "k", "sm_90")[:4] == b"\x7fELF" and not nvrtc.is_checked(src, "sm_80")
+    assert nvrtc.compile_cubin(src, "k", "sm_80", optimize=False)[:4] == b"\x7fELF" and nvrtc.is_checked(src, "sm_80")
 
 
 # ---------------------------------------------------------------------------------------------------------------

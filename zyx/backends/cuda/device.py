@@ -99,6 +99,7 @@ class CudaDevice(Device):
         self._info = device_info(self.name, w.device_name, w.attrs, w.total_memory, allow_tf32)
         cc = self._info.compute_capability or (0, 0)
         self.arch = f"sm_{cc[0]}{cc[1]}"
+        self._optimize = w.drv.executes_machine_code  # NVRTC's full optimization only for code that runs
         self._lock = threading.Lock()
         self._renderer: Any = None
         self._by_source: dict[str, int] = {}
@@ -170,7 +171,7 @@ class CudaDevice(Device):
 
         def build(item: tuple[str, str]) -> bytes | None:
             try:
-                return nvrtc.compile_cubin(item[0], item[1], self.arch)
+                return nvrtc.compile_cubin(item[0], item[1], self.arch, self._optimize)
             except Exception:  # noqa: BLE001 - compile() raises it, for this kernel
                 return None
 
@@ -231,7 +232,7 @@ class CudaDevice(Device):
                         for p, kind, ct in zip(k.params, kinds, ctypes_))
         t0 = time.perf_counter()
         try:
-            cubin = nvrtc.compile_cubin(src.source, src.name, self.arch)
+            cubin = nvrtc.compile_cubin(src.source, src.name, self.arch, self._optimize)
         except BackendError:
             raise
         except Exception as e:  # noqa: BLE001 - NVRTC missing or failing: say which kernel and what to install
@@ -261,7 +262,7 @@ class CudaDevice(Device):
         if reason is not None:
             raise BackendError(ErrorStatus.COMPILATION, f"{self.name}: cannot compile {spec.name}: NVRTC "
                                f"unavailable: {reason}")
-        pid = self.worker.load_module(bytes(nvrtc.compile_cubin(source, spec.name, self.arch)), spec)
+        pid = self.worker.load_module(bytes(nvrtc.compile_cubin(source, spec.name, self.arch, self._optimize)), spec)
         with self._lock:
             self._sources[pid] = source
             self._kinds[pid] = spec.kinds

@@ -111,6 +111,8 @@ class Driver:
         self.cu = bindings if bindings is not None else _bindings()
         cu = self.cu
         self.note: str = getattr(cu, "note", "")  # what these bindings are, when not the NVIDIA driver
+        # False for bindings that run each kernel from its source (the emulator): no need to optimize machine code
+        self.executes_machine_code: bool = getattr(cu, "executes_machine_code", True)
         self._structs: dict[tuple, Any] = {}
         self._attr = cu.CUdevice_attribute
         self._event_timing = int(cu.CUevent_flags.CU_EVENT_DEFAULT)

@@ -163,6 +163,10 @@ def cubin_arch(image: bytes) -> int | None:
 class EmulatedDriver:
     """One emulated machine with the API of ``cuda.bindings.driver`` (the subset zyx uses)."""
 
+    # Kernels run from the CUDA C their cubin was compiled from (``nvrtc.source_of``); the cubin's machine code never
+    # runs, so the device compiles it at NVRTC's lowest optimization effort (only its sm is checked at load).
+    executes_machine_code = False
+
     # enums and small types, as the real module exposes them
     CUresult = R
     CUdevice_attribute = CUdevice_attribute
