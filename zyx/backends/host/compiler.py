@@ -143,7 +143,6 @@ class CCompiler:
             os.replace(tmp, lib)
         return lib
 
-
     @cached_property
     def _prelude_header(self) -> Path:
         """The prelude as a header on disk, with its precompiled form beside it where the compiler makes one."""
