@@ -18,6 +18,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
 
@@ -156,19 +157,25 @@ class CCompiler:
             with os.fdopen(fd, "w") as f:
                 f.write(self.prelude)
             os.replace(tmp, h)
-        gch = d / "zyx_prelude.h.gch"
-        if not gch.exists():
-            fd, tmp = tempfile.mkstemp(suffix=".gch", dir=d)
-            os.close(fd)
-            try:
-                flags = [f for f in self.flags if f != "-shared"]
-                r = subprocess.run([self.cc, *flags, "-x", "c-header", str(h), "-o", tmp], capture_output=True)
-                if r.returncode == 0:
-                    os.replace(tmp, gch)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
+        precompile_header(self.cc, self.flags, h, "c-header")
         return h
+
+
+def precompile_header(cc: str, flags: Sequence[str], header: Path, language: str) -> None:
+    """Build ``<header>.gch`` beside ``header`` unless it exists (written atomically; left absent when ``cc``
+    cannot). gcc uses it for every ``#include`` of the header compiled with matching ``flags``."""
+    gch = header.with_name(header.name + ".gch")
+    if gch.exists():
+        return
+    fd, tmp = tempfile.mkstemp(suffix=".gch", dir=header.parent)
+    os.close(fd)
+    try:
+        args = [f for f in flags if f != "-shared"]
+        if subprocess.run([cc, *args, "-x", language, str(header), "-o", tmp], capture_output=True).returncode == 0:
+            os.replace(tmp, gch)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def _cpu_flags() -> str:

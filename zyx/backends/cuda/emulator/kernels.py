@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zyx.backends.host.compiler import cache_dir
+from zyx.backends.host.compiler import cache_dir, precompile_header
 
 __all__ = ["DYNAMIC_SHARED_CAPACITY", "EmulatedModule", "EmulatorCompileError", "Fault", "KernelFunction",
            "compile_module", "guarded_copy", "signatures"]
@@ -1192,18 +1192,7 @@ def _header(flags: tuple[str, ...]) -> Path:
         for stub in _STUB_HEADERS:
             _write_atomic(d / stub, "/* zyx CUDA emulator: the runtime header defines what it supports */\n")
         _write_atomic(h, _HEADER)
-    gch = d / "zyx_emu.h.gch"
-    if not gch.exists():
-        fd, tmp = tempfile.mkstemp(suffix=".gch", dir=d)
-        os.close(fd)
-        try:
-            pch_flags = [f for f in flags if f != "-shared"]
-            r = subprocess.run([gxx, *pch_flags, "-x", "c++-header", str(h), "-o", tmp], capture_output=True)
-            if r.returncode == 0:
-                os.replace(tmp, gch)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+    precompile_header(gxx, flags, h, "c++-header")
     return h
 
 
