@@ -129,10 +129,7 @@ class CCompiler:
                 include = ["-I", str(header.parent)]
                 lines = self.prelude.count("\n")
                 source = f'#include "{header.name}"\n#line {lines + 1}\n{source[len(self.prelude):]}'
-            fd, tmp_src = tempfile.mkstemp(suffix=".c", dir=d)
-            with os.fdopen(fd, "w") as f:
-                f.write(source)
-            os.replace(tmp_src, src)  # whole, for a compiler another thread or process runs on the same source
+            write_atomic(src, source)  # whole, for a compiler another thread or process runs on the same source
             fd, tmp = tempfile.mkstemp(suffix=".so", dir=d)
             os.close(fd)
             r = subprocess.run([self.cc, *self.flags, *include, str(src), "-o", tmp, "-lm"], capture_output=True,
@@ -153,12 +150,17 @@ class CCompiler:
         h = d / "zyx_prelude.h"
         if not h.exists():
             d.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(suffix=".h", dir=d)
-            with os.fdopen(fd, "w") as f:
-                f.write(self.prelude)
-            os.replace(tmp, h)
+            write_atomic(h, self.prelude)
         precompile_header(self.cc, self.flags, h, "c-header")
         return h
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file beside it: readers see the old file or all the new one."""
+    fd, tmp = tempfile.mkstemp(suffix=path.suffix, dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 def precompile_header(cc: str, flags: Sequence[str], header: Path, language: str) -> None:

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zyx.backends.host.compiler import cache_dir, precompile_header
+from zyx.backends.host.compiler import cache_dir, precompile_header, write_atomic
 
 __all__ = ["DYNAMIC_SHARED_CAPACITY", "EmulatedModule", "EmulatorCompileError", "Fault", "KernelFunction",
            "compile_module", "guarded_copy", "signatures"]
@@ -1165,13 +1165,6 @@ def _emu_dir() -> Path:
     return cache_dir() / "cuda_emulator"
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(suffix=path.suffix, dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def _compile(args: list[str], what: str, src: Path) -> None:
     r = subprocess.run(args, capture_output=True, text=True)
     if r.returncode != 0:
@@ -1190,8 +1183,8 @@ def _header(flags: tuple[str, ...]) -> Path:
     if not h.exists():
         d.mkdir(parents=True, exist_ok=True)
         for stub in _STUB_HEADERS:
-            _write_atomic(d / stub, "/* zyx CUDA emulator: the runtime header defines what it supports */\n")
-        _write_atomic(h, _HEADER)
+            write_atomic(d / stub, "/* zyx CUDA emulator: the runtime header defines what it supports */\n")
+        write_atomic(h, _HEADER)
     precompile_header(gxx, flags, h, "c++-header")
     return h
 
@@ -1214,9 +1207,9 @@ def _build(body: str, what: str, with_header: bool = True) -> Path:
     if with_header:
         h = _header(flags)
         args += ["-I", str(h.parent)]
-        _write_atomic(src, f'#include "{h}"\n' + body)
+        write_atomic(src, f'#include "{h}"\n' + body)
     else:
-        _write_atomic(src, body)
+        write_atomic(src, body)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=d)
     os.close(fd)
     try:
