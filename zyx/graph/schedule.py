@@ -446,3 +446,30 @@ def scheduled_steps(outputs: list[Class]) -> list[Step]:
     p, _, _ = get_plan(outputs)
     return [] if p is None else list(p.steps)
 
+
+@dataclass
+class FixedLaunches:
+    """A plan's launches on buffers chosen once (``fixed_launches``): calling it runs them, nothing else."""
+
+    launches: list[tuple[Device, int, list]]  # (device, program, arguments)
+    outputs: list[Buffer]  # the buffers the plan's outputs are written into
+    table: list  # every slot's buffer or scalar, kept alive with the launches
+
+    def __call__(self) -> None:
+        for dev, program, args in self.launches:
+            dev.launch(program, args)
+
+
+def fixed_launches(outputs: list[Class]) -> FixedLaunches | None:
+    """The launches of ``outputs``' plan on the leaves' buffers and fresh ones for the rest, to time the kernels
+    apart from what a realize adds (building the graph, finding the plan, allocating, releasing): ``zyx.bench``.
+    None when the plan copies between devices or runs nothing. The outputs stay unrealized."""
+    p, leaves, _ = get_plan(outputs)
+    if p is None or not p.steps or any(st.kind == "copy" for st in p.steps):
+        return None
+    table = _slot_table(p, [c.var_value if c.buffer is None else c.buffer for c in leaves])
+    _resolve_aliases(p.aliases, table)
+    launches = [(st.dev, st.program, [a.id if isinstance(a, Buffer) else a for a in map(table.__getitem__, st.args)])
+                for st in p.steps]
+    return FixedLaunches(launches, [table[s] for s in p.outputs], table)
+
