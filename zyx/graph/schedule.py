@@ -277,14 +277,8 @@ def _generated_timer(out: Class) -> tuple[str, Callable[[], float]]:
     values = [c.buffer if c.realized else c.var_value for c in walked]
 
     def time_plan() -> float:
-        table = _slot_table(p, values)
-        _resolve_aliases(p.aliases, table)
-
-        def run() -> int:
-            return sum(st.dev.launch_timed(st.program, [a.id if isinstance(a, Buffer) else a for a in
-                                                       map(table.__getitem__, st.args)]) for st in gen)
-
-        return autotune.steady_ns(run)
+        fixed = _fixed(p, values, gen)  # holds the buffers while the launches run
+        return autotune.steady_ns(lambda: sum(dev.launch_timed(program, args) for dev, program, args in fixed.launches))
 
     return name, time_plan
 
@@ -467,9 +461,14 @@ def fixed_launches(outputs: list[Class]) -> FixedLaunches | None:
     p, leaves, _ = get_plan(outputs)
     if p is None or not p.steps or any(st.kind == "copy" for st in p.steps):
         return None
-    table = _slot_table(p, [c.var_value if c.buffer is None else c.buffer for c in leaves])
+    return _fixed(p, [c.var_value if c.buffer is None else c.buffer for c in leaves], p.steps)
+
+
+def _fixed(p: Plan, values: list, steps: list[Step]) -> FixedLaunches:
+    """``steps`` of plan ``p`` (launches) on leaf ``values`` and a fresh buffer for every allocated slot."""
+    table = _slot_table(p, values)
     _resolve_aliases(p.aliases, table)
     launches = [(st.dev, st.program, [a.id if isinstance(a, Buffer) else a for a in map(table.__getitem__, st.args)])
-                for st in p.steps]
+                for st in steps]
     return FixedLaunches(launches, [table[s] for s in p.outputs], table)
 
