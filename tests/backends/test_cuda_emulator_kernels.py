@@ -202,6 +202,13 @@ def test_module_lists_kernels_and_parameter_sizes(mod):
     assert compile_module(KERNELS) is mod  # the in-process cache
 
 
+def test_each_wrapper_instantiates_only_the_runner_its_kernel_needs(mod):
+    wrappers = mod.path.with_suffix(".cpp").read_text().partition('#line 1 "zyx_emu_wrappers"')[2]
+    for i, f in enumerate(mod.functions.values()):
+        call = f"zyx_emu::launch<{'true' if f.uses_fibers else 'false'}>(body"
+        assert call in wrappers.split(f"zyx_emu_launch_{i}(")[1].split("\n}")[0], f.name
+
+
 def test_signatures_are_parsed():
     src = r"""
 // __global__ void in_a_comment(int x) {}
