@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -45,6 +46,21 @@ def cache_dir() -> Path:
     """Where zyx keeps what it compiled and measured: ``$XDG_CACHE_HOME/zyx``, else ``~/.cache/zyx``."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "zyx"
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write ``data`` to ``path`` (its folder made if missing) through a temporary file beside it: readers, in this
+    process or another, see the old file or all of the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=path.suffix + ".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def debug_on(flag: str) -> bool:

@@ -31,7 +31,6 @@ import json
 import math
 import os
 import statistics
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -45,7 +44,7 @@ from zyx.backends.base import BackendError, Pool, ProgramId
 from zyx.kernel.ir import Kernel
 from zyx.kernel.search import CandidateFailed, SearchResult, Trial, beam_search
 from zyx.kernel.target import DeviceInfo
-from zyx.utils import STATS, cache_dir, debug_on, log, on_caller_thread
+from zyx.utils import STATS, cache_dir, debug_on, log, on_caller_thread, write_atomic
 
 CACHE_VERSION = 1
 WARMUP = 1  # untimed launches of each candidate before timing (first-touch pages, module load, caches)
@@ -205,11 +204,7 @@ def _load(key: str) -> dict | None:
 def _store(key: str, entry: dict) -> None:
     d = cache_root()
     try:
-        d.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".json", dir=d)
-        with os.fdopen(fd, "w") as f:
-            json.dump(entry, f, indent=1)
-        os.replace(tmp, d / f"{key}.json")
+        write_atomic(d / f"{key}.json", json.dumps(entry, indent=1))
     except OSError as e:  # a read-only cache costs a search per process, never a failure
         log("autotune", f"cannot write the autotune cache in {d}: {e}")
 

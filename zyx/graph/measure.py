@@ -23,8 +23,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
@@ -34,7 +32,7 @@ from zyx.graph.extract import needed
 from zyx.graph.match import Matmul
 from zyx.graph.node import Buffer, Class, leaf, make
 from zyx.ops import ELEMENTWISE, MOVEMENT, Ops
-from zyx.utils import STATS, cache_dir, log
+from zyx.utils import STATS, cache_dir, log, write_atomic
 
 Costs = dict[tuple[int, int], float]
 
@@ -60,11 +58,7 @@ class MeasuredCosts:
     def put(self, key: str, ns: float) -> None:
         data = self._load()
         data[key] = ns
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".measured-")
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, self.path)
+        write_atomic(self.path, json.dumps(data))
 
     def clear_memory(self) -> None:
         """Forget what was read (the next ``get`` reads the file again), as a new process would."""

@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import re
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from zyx.backends.base import BackendError, ErrorStatus
-from zyx.backends.host.compiler import cache_dir
+from zyx.utils import cache_dir, write_atomic
 
 INSTALL_HINT = "pip install 'zyx[cuda]'"
 BASE_OPTIONS = ("--std=c++17", "--fmad=false")  # no contraction: elementwise results round as the host's
@@ -166,19 +164,6 @@ def cache_key(source: str, opts: list[str]) -> str:
     return hashlib.sha256("\0".join((source, f"nvrtc {major}.{minor}", *stable)).encode()).hexdigest()[:32]
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=path.suffix + ".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def _log(prog) -> str:
     nvrtc = _nvrtc()
     err, size = nvrtc.nvrtcGetProgramLogSize(prog)
@@ -198,7 +183,7 @@ def _compile(source: str, name: str, opts: list[str], key: str, cubin: bool = Tr
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
         if err:
             src_path = _cuda_cache() / f"{key}.cu"
-            _write_atomic(src_path, source.encode())
+            write_atomic(src_path, source.encode())
             raise BackendError(ErrorStatus.COMPILATION,
                                f"NVRTC failed on kernel {name} ({' '.join(opts)}; source: {src_path}):\n{_log(prog)}")
         if not cubin:
@@ -248,7 +233,7 @@ def compile_cubin(source: str, name: str, arch: str, optimize: bool = True) -> b
     except OSError:
         pass
     cubin = _compile(source, name, opts, key)
-    _write_atomic(path, cubin)
+    write_atomic(path, cubin)
     if not optimize:
         _mark_checked(source, arch)
     return _remember(cubin, source)

@@ -23,7 +23,7 @@ from functools import cached_property
 from pathlib import Path
 
 from zyx.backends.base import BackendError, ErrorStatus
-from zyx.utils import cache_dir
+from zyx.utils import cache_dir, write_atomic
 
 # -ffp-contract=off: a * b + c rounds twice, as NumPy computes it (reductions use fma explicitly). -pipe: no
 # temporary files between the compiler's stages (about 10% of a small kernel's compile)
@@ -153,14 +153,6 @@ class CCompiler:
             write_atomic(h, self.prelude)
         precompile_header(self.cc, self.flags, h, "c-header")
         return h
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file beside it: readers see the old file or all the new one."""
-    fd, tmp = tempfile.mkstemp(suffix=path.suffix, dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def precompile_header(cc: str, flags: Sequence[str], header: Path, language: str) -> None:

@@ -48,7 +48,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zyx.backends.host.compiler import cache_dir, precompile_header, write_atomic
+from zyx.backends.host.compiler import cache_dir, precompile_header
+from zyx.utils import write_atomic
 
 __all__ = ["DYNAMIC_SHARED_CAPACITY", "EmulatedModule", "EmulatorCompileError", "Fault", "KernelFunction",
            "compile_module", "guarded_copy", "signatures"]
