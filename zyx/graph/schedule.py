@@ -471,4 +471,3 @@ def _fixed(p: Plan, values: list, steps: list[Step]) -> FixedLaunches:
     launches = [(st.dev, st.program, [a.id if isinstance(a, Buffer) else a for a in map(table.__getitem__, st.args)])
                 for st in steps]
     return FixedLaunches(launches, [table[s] for s in p.outputs], table)
-
