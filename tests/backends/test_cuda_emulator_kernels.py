@@ -202,10 +202,14 @@ def test_module_lists_kernels_and_parameter_sizes(mod):
     assert compile_module(KERNELS) is mod  # the in-process cache
 
 
-def test_each_wrapper_instantiates_only_the_runner_its_kernel_needs(mod):
+def test_the_block_runners_are_compiled_once_not_per_module_and_each_wrapper_names_its_runner(mod):
+    from zyx.backends.cuda.emulator import kernels
+
+    for runner in ("run_fibers", "run_plain", "run_block", "fiber_main"):
+        assert runner in kernels._RUNNERS and runner not in kernels._HEADER, runner
     wrappers = mod.path.with_suffix(".cpp").read_text().partition('#line 1 "zyx_emu_wrappers"')[2]
     for i, f in enumerate(mod.functions.values()):
-        call = f"zyx_emu::launch<{'true' if f.uses_fibers else 'false'}>(body"
+        call = f"zyx_emu::launch({'true' if f.uses_fibers else 'false'}, &zyx_emu::tramp<"
         assert call in wrappers.split(f"zyx_emu_launch_{i}(")[1].split("\n}")[0], f.name
 
 
@@ -434,6 +438,33 @@ def test_compile_errors_name_the_kernel():
     assert "broken_kernel" in msg and "nope" in msg and "error" in msg and ".cpp" in msg
     with pytest.raises(EmulatorCompileError, match="odd_params.*parameter 1"):
         compile_module("struct S { int a; };\n__global__ void odd_params(float* p, S s) {}\n")
+
+
+MATH = r"""
+#include <cuda_fp16.h>
+__global__ void overloads(double* out, float x, double d, int i, __half h) {
+  int n = 0, e;
+  out[n++] = sizeof(sqrt(x)); out[n++] = sqrt(x); out[n++] = sizeof(sqrt(i)); out[n++] = sqrt(i);
+  out[n++] = sizeof(pow(x, x)); out[n++] = sizeof(pow(x, d)); out[n++] = sizeof(pow(x, 2)); out[n++] = pow(x, 2);
+  out[n++] = sizeof(abs(x)); out[n++] = abs(-x); out[n++] = abs(-i); out[n++] = abs(-3LL); out[n++] = abs(-d);
+  out[n++] = isnan(x); out[n++] = isnan(d / 0.0 * 0.0); out[n++] = isinf(1.0f / (x - x)); out[n++] = isfinite(i);
+  out[n++] = signbit(-x); out[n++] = ::isnan(x); out[n++] = sizeof(fma(x, x, x)); out[n++] = sizeof(sqrt(h));
+  out[n++] = sqrt(h); out[n++] = fmax(x, d); out[n++] = sizeof(fmin(x, 1)); out[n++] = lround(x); out[n++] = ilogb(8);
+  out[n++] = frexp(x, &e); out[n++] = e; out[n++] = fpclassify(x) == FP_NORMAL; out[n++] = M_PI;
+  out[n++] = sizeof(exp(x)); out[n++] = exp(1);
+}
+"""
+
+
+def test_math_overloads_resolve_as_cmath_does():
+    """The runtime header takes C's <math.h> (not libstdc++'s <cmath>: ~20 ms less per module) and adds the C++
+    overloads itself; each call below gives what it gave with <cmath> (recorded from that header)."""
+    out = np.zeros(32)
+    args = [ptr(out), struct.pack("f", 2.0), struct.pack("d", 3.0), i32(9), struct.pack("H", 0x4400)]  # h = 4.0
+    assert compile_module(MATH).functions["overloads"].run(args, (1, 1, 1), (1, 1, 1)) is None
+    want = [4, np.float32(np.sqrt(np.float32(2))), 8, 3, 4, 8, 8, 4, 4, 2, 9, 3, 3, 0, 1, 1, 1, 1, 0, 4, 4, 2, 3, 8, 2,
+            3, 0.5, 2, 1, np.pi, 4, np.e]
+    assert out.tolist() == [float(w) for w in want]
 
 
 def test_ucontext_fallback(monkeypatch, rng):

@@ -3,7 +3,10 @@
 A module's CUDA C source is compiled as C++ by g++ together with a small runtime header, once (disk cache under
 ``cache_dir()/"cuda_emulator"`` keyed by the sha256 of the generated C++, the compiler and its flags; an in-process
 cache by source text in ``compile_module``). ``KernelFunction.run`` then runs every block of the grid, one after the
-other, on the calling OS thread (ctypes releases the GIL), and every thread of each block:
+other, on the calling OS thread (ctypes releases the GIL), and every thread of each block. The block runners are
+compiled once per set of flags into a library of their own, not into each module (they were 20-50% of a module's
+compile); a module's launch wrapper packs the parameters and the addresses of its per-thread builtins, and each
+CUDA thread is one indirect call of the kernel:
 
 - kernels without ``__syncthreads`` / warp shuffles / ``__syncwarp`` / votes run each CUDA thread as a plain call;
 - kernels with them run each CUDA thread of a block as a fiber (a hand-written x86-64 context switch, ucontext
@@ -58,7 +61,7 @@ MAX_BLOCK = (1024, 1024, 64)
 MAX_THREADS_PER_BLOCK = 1024
 MAX_GRID = (2**31 - 1, 65535, 65535)
 DYNAMIC_SHARED_CAPACITY = 256 * 1024  # bytes of ``extern __shared__`` memory a launch may use
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 FLAGS = ("-std=c++17", "-O1", "-shared", "-fPIC", "-w", "-fno-strict-aliasing", "-ffp-contract=off",
          "-fno-math-errno", "-fstack-clash-protection", "-U_FORTIFY_SOURCE", "-D_FORTIFY_SOURCE=0")
@@ -109,7 +112,19 @@ struct zyx_emu_result {  /* mirrored by kernels._Result */
   char detail[200];
 };
 struct zyx_emu_ctx { sigjmp_buf jb; zyx_emu_result* res; };
-struct zyx_emu_rt {
+namespace zyx_emu { struct Sched; }
+struct zyx_emu_launch {  /* one launch: the kernel as body(arg) per CUDA thread, and the module's builtins */
+  void (*body)(void*);
+  void* arg;
+  unsigned g[6];  /* grid x, y, z, block x, y, z */
+  unsigned long long shared;
+  zyx_emu_result* res;
+  bool fibers, flush;
+  unsigned *thread_idx, *block_idx, *block_dim, *grid_dim;  /* x, y, z of the module's, on this OS thread */
+  zyx_emu::Sched** sched;
+  zyx_emu_ctx** ctx;
+};
+struct zyx_emu_rt {  /* the runtime library: the one signal handler, per-OS-thread stacks and buffers */
   int abi;
   int (*enter)(zyx_emu_ctx*);
   void (*leave)(void);
@@ -118,6 +133,136 @@ struct zyx_emu_rt {
   unsigned char* (*dyn_shared)(void);
   unsigned long dyn_shared_cap;
 };
+struct zyx_emu_runner {  /* the block runners (one library per set of compiler flags), bound to the runtime */
+  const zyx_emu_rt* rt;
+  int (*launch)(const zyx_emu_launch*);
+};
+"""
+
+# The fiber scheduler's state and the parts of it both sides run: the runtime library starts and resumes fibers, a
+# module's collectives (__syncthreads, shuffles) wait at barriers. One text, compiled into both.
+_SCHED = r"""
+#include <stdio.h>
+#include <string.h>
+#if !defined(__x86_64__) || defined(ZYX_EMU_UCONTEXT)
+#include <ucontext.h>
+#define ZYX_EMU_UC 1
+#endif
+namespace zyx_emu {
+enum { OK = 0, ADDRESS = 1, ARITHMETIC = 2, DEADLOCK = 3, TRAP = 4 };
+enum { RUN = 0, WAIT_BLOCK = 1, WAIT_WARP = 2, DONE = 3 };
+static const unsigned long STACK = 64UL << 10, GUARD = 4096, STRIDE = STACK + GUARD;
+
+struct Bar { int count, expected, head, tail; unsigned gen; };
+struct Fiber {
+  void* sp;
+  int next, state;
+  unsigned x, y, z;
+#ifdef ZYX_EMU_UC
+  ucontext_t uc;
+#endif
+};
+struct Sched {
+  int n, cur, rhead, rtail, ndone, nwarps;
+  void (*body)(void*);
+  void* arg;
+  void* main_sp;
+  char* stacks;
+  unsigned* tid;     /* the launching module's threadIdx on this OS thread */
+  zyx_emu_ctx* ctx;  /* the launch */
+#ifdef ZYX_EMU_UC
+  ucontext_t main_uc;
+#endif
+  long long acc[2];
+  Bar block, warp[32];
+  unsigned lanes[32];
+  Fiber f[1024];
+  unsigned long long slots[2][1024];
+};
+
+__attribute__((noreturn, noinline)) static void fail_in(zyx_emu_ctx* c, int kind, const char* detail) {
+  c->res->kind = kind;
+  strncpy(c->res->detail, detail, sizeof c->res->detail - 1);
+  siglongjmp(c->jb, 1);
+}
+
+#ifndef ZYX_EMU_UC
+extern "C" void zyx_emu_swap(void** save, void* to) __attribute__((visibility("hidden")));
+extern "C" void zyx_emu_start(void) __attribute__((visibility("hidden")));
+asm(".text\n.p2align 4\n.globl zyx_emu_swap\n.hidden zyx_emu_swap\n.type zyx_emu_swap,@function\n"
+    "zyx_emu_swap:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n  movq %rsi, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n  ret\n"
+    ".size zyx_emu_swap, .-zyx_emu_swap\n"
+    ".globl zyx_emu_start\n.hidden zyx_emu_start\n.type zyx_emu_start,@function\n"
+    "zyx_emu_start:\n  movq %rbx, %rdi\n  callq *%r12\n  ud2\n.size zyx_emu_start, .-zyx_emu_start\n");
+#endif
+
+static inline __attribute__((always_inline)) void enter_thread(Sched* s, int t) {
+  s->cur = t;
+  Fiber& f = s->f[t];
+  f.state = RUN;
+  s->tid[0] = f.x; s->tid[1] = f.y; s->tid[2] = f.z;
+  s->ctx->res->thread = t;
+}
+
+static inline void swap_to(Sched* s, Fiber* from, int t) {
+#ifdef ZYX_EMU_UC
+  swapcontext(&from->uc, &s->f[t].uc);
+#else
+  zyx_emu_swap(&from->sp, s->f[t].sp);
+#endif
+}
+
+__attribute__((noreturn, noinline)) static void deadlock(Sched* s) {
+  int blk = 0, warp = 0;
+  for (int t = 0; t < s->n; t++) { blk += s->f[t].state == WAIT_BLOCK; warp += s->f[t].state == WAIT_WARP; }
+  char msg[200];
+  snprintf(msg, sizeof msg, "no thread of the block can proceed: %d of %d wait at __syncthreads, %d at a warp "
+           "collective, %d exited", blk, s->n, warp, s->ndone);
+  fail_in(s->ctx, DEADLOCK, msg);
+}
+
+/* The current fiber stops (waits or has finished): run the next ready one, or go back to the launch. */
+static inline __attribute__((always_inline)) void run_next(Sched* s, Fiber* self) {
+  int t = s->rhead;
+  if (t < 0) {
+    if (s->ndone != s->n) deadlock(s);
+#ifdef ZYX_EMU_UC
+    swapcontext(&self->uc, &s->main_uc);
+#else
+    zyx_emu_swap(&self->sp, s->main_sp);
+#endif
+    return;
+  }
+  s->rhead = s->f[t].next;
+  if (s->rhead < 0) s->rtail = -1;
+  enter_thread(s, t);
+  swap_to(s, self, t);
+}
+
+/* Arrive at barrier b; return once every thread it counts has arrived. */
+static inline __attribute__((always_inline)) void bar_wait(Sched* s, Bar* b, int state) {
+  if (++b->count == b->expected) {
+    b->count = 0;
+    b->gen++;
+    if (b->head >= 0) {
+      if (s->rtail >= 0) s->f[s->rtail].next = b->head; else s->rhead = b->head;
+      s->rtail = b->tail;
+      b->head = b->tail = -1;
+    }
+    return;
+  }
+  int t = s->cur;
+  Fiber* self = &s->f[t];
+  self->next = -1;
+  self->state = state;
+  if (b->tail >= 0) s->f[b->tail].next = t; else b->head = t;
+  b->tail = t;
+  run_next(s, self);
+}
+}  // namespace zyx_emu
 """
 
 _RUNTIME = r"""
@@ -275,154 +420,15 @@ extern "C" int zyx_emu_guarded_copy(void* dst, const void* src, unsigned long n,
 """.replace("@DYN_CAP@", str(DYNAMIC_SHARED_CAPACITY)).replace("@ABI@", str(ABI_VERSION))
 
 
-def _vector_types() -> str:
-    """CUDA's vector types (``float4``, ``int2``, ...) and their ``make_*`` functions."""
-    base = [("char", "signed char", 1), ("uchar", "unsigned char", 1), ("short", "short", 2),
-            ("ushort", "unsigned short", 2), ("int", "int", 4), ("uint", "unsigned int", 4), ("long", "long", 8),
-            ("ulong", "unsigned long", 8), ("longlong", "long long", 8), ("ulonglong", "unsigned long long", 8),
-            ("float", "float", 4), ("double", "double", 8)]
-    out = []
-    for name, t, size in base:
-        for n in (1, 2, 3, 4):
-            align = size * (n if n in (1, 2, 4) else 1)
-            align = min(align, 16)
-            fields = "xyzw"[:n]
-            out.append(f"struct __attribute__((aligned({align}))) {name}{n} {{ {t} {', '.join(fields)}; }};")
-            args = ", ".join(f"{t} {f}" for f in fields)
-            out.append(f"static inline {name}{n} make_{name}{n}({args}) {{ {name}{n} r = {{{', '.join(fields)}}}; "
-                       "return r; }")
-    return "\n".join(out) + "\n"
-
-
-_HEADER = r"""
-#include <math.h>
-#include <stdint.h>
-#include <stdio.h>
+# The block runners: every launch of every module runs here, compiled once per set of flags (the fiber state's
+# layout depends on them), not once per kernel; a module's wrapper only packs its parameters and the addresses of its
+# per-thread builtins (zyx_emu_launch). Bound to the runtime library, whose services it uses.
+_RUNNERS = r"""
 #include <stdlib.h>
-#include <string.h>
-""" + _ABI + r"""
-#if !defined(__x86_64__) || defined(ZYX_EMU_UCONTEXT)
-#include <ucontext.h>
-#define ZYX_EMU_UC 1
-#endif
-""" + _vector_types() + r"""struct dim3 {
-  unsigned int x, y, z;
-  constexpr dim3(unsigned int a = 1, unsigned int b = 1, unsigned int c = 1) : x(a), y(b), z(c) {}
-  constexpr dim3(uint3 v) : x(v.x), y(v.y), z(v.z) {}
-};
-static thread_local uint3 threadIdx, blockIdx;
-static thread_local dim3 blockDim, gridDim;
-static constexpr int warpSize = 32;
-
-#define __global__
-#define __device__
-#define __host__
-#define __constant__
-#define __managed__
-#define __grid_constant__
-#define __noinline__ __attribute__((noinline))
-#define __forceinline__ inline __attribute__((always_inline))
-#define __launch_bounds__(...)
-#define __cluster_dims__(...)
-#define __maxnreg__(...)
-#define __align__(n) __attribute__((aligned(n)))
-#define __shared__ static thread_local
-
+""" + _ABI + _SCHED + r"""
 namespace zyx_emu {
-enum { OK = 0, ADDRESS = 1, ARITHMETIC = 2, DEADLOCK = 3, TRAP = 4 };
-enum { RUN = 0, WAIT_BLOCK = 1, WAIT_WARP = 2, DONE = 3 };
-static const unsigned long STACK = 64UL << 10, GUARD = 4096, STRIDE = STACK + GUARD;
 static const zyx_emu_rt* rt;
-
-struct Bar { int count, expected, head, tail; unsigned gen; };
-struct Fiber {
-  void* sp;
-  int next, state;
-  unsigned x, y, z;
-#ifdef ZYX_EMU_UC
-  ucontext_t uc;
-#endif
-};
-struct Sched {
-  int n, cur, rhead, rtail, ndone, nwarps;
-  void (*body)(void*);
-  void* arg;
-  void* main_sp;
-  char* stacks;
-#ifdef ZYX_EMU_UC
-  ucontext_t main_uc;
-#endif
-  long long acc[2];
-  Bar block, warp[32];
-  unsigned lanes[32];
-  Fiber f[1024];
-  unsigned long long slots[2][1024];
-};
-static thread_local Sched* S;        /* the fiber scheduler of this thread's launch (null: plain calls) */
-static thread_local zyx_emu_ctx* C;  /* this thread's launch */
-
-__attribute__((noreturn, noinline)) static void fail(int kind, const char* detail) {
-  zyx_emu_ctx* c = C;
-  c->res->kind = kind;
-  strncpy(c->res->detail, detail, sizeof c->res->detail - 1);
-  siglongjmp(c->jb, 1);
-}
-
-#ifndef ZYX_EMU_UC
-extern "C" void zyx_emu_swap(void** save, void* to) __attribute__((visibility("hidden")));
-extern "C" void zyx_emu_start(void) __attribute__((visibility("hidden")));
-asm(".text\n.p2align 4\n.globl zyx_emu_swap\n.hidden zyx_emu_swap\n.type zyx_emu_swap,@function\n"
-    "zyx_emu_swap:\n"
-    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
-    "  movq %rsp, (%rdi)\n  movq %rsi, %rsp\n"
-    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n  ret\n"
-    ".size zyx_emu_swap, .-zyx_emu_swap\n"
-    ".globl zyx_emu_start\n.hidden zyx_emu_start\n.type zyx_emu_start,@function\n"
-    "zyx_emu_start:\n  movq %rbx, %rdi\n  callq *%r12\n  ud2\n.size zyx_emu_start, .-zyx_emu_start\n");
-#endif
-
-static inline __attribute__((always_inline)) void enter_thread(Sched* s, int t) {
-  s->cur = t;
-  Fiber& f = s->f[t];
-  f.state = RUN;
-  threadIdx.x = f.x; threadIdx.y = f.y; threadIdx.z = f.z;
-  C->res->thread = t;
-}
-
-static inline void swap_to(Sched* s, Fiber* from, int t) {
-#ifdef ZYX_EMU_UC
-  swapcontext(&from->uc, &s->f[t].uc);
-#else
-  zyx_emu_swap(&from->sp, s->f[t].sp);
-#endif
-}
-
-__attribute__((noreturn, noinline)) static void deadlock(Sched* s) {
-  int blk = 0, warp = 0;
-  for (int t = 0; t < s->n; t++) { blk += s->f[t].state == WAIT_BLOCK; warp += s->f[t].state == WAIT_WARP; }
-  char msg[200];
-  snprintf(msg, sizeof msg, "no thread of the block can proceed: %d of %d wait at __syncthreads, %d at a warp "
-           "collective, %d exited", blk, s->n, warp, s->ndone);
-  fail(DEADLOCK, msg);
-}
-
-/* The current fiber stops (waits or has finished): run the next ready one, or go back to the launch. */
-static inline __attribute__((always_inline)) void run_next(Sched* s, Fiber* self) {
-  int t = s->rhead;
-  if (t < 0) {
-    if (s->ndone != s->n) deadlock(s);
-#ifdef ZYX_EMU_UC
-    swapcontext(&self->uc, &s->main_uc);
-#else
-    zyx_emu_swap(&self->sp, s->main_sp);
-#endif
-    return;
-  }
-  s->rhead = s->f[t].next;
-  if (s->rhead < 0) s->rtail = -1;
-  enter_thread(s, t);
-  swap_to(s, self, t);
-}
+static thread_local Sched* S_uc;  /* the scheduler a ucontext fiber starts with */
 
 static void fiber_main(void* p) {
   Sched* s = (Sched*)p;
@@ -435,29 +441,8 @@ static void fiber_main(void* p) {
 }
 
 #ifdef ZYX_EMU_UC
-static void fiber_main_uc(void) { fiber_main(S); }
+static void fiber_main_uc(void) { fiber_main(S_uc); }
 #endif
-
-/* Arrive at barrier b; return once every thread it counts has arrived. */
-static inline __attribute__((always_inline)) void bar_wait(Sched* s, Bar* b, int state) {
-  if (++b->count == b->expected) {
-    b->count = 0;
-    b->gen++;
-    if (b->head >= 0) {
-      if (s->rtail >= 0) s->f[s->rtail].next = b->head; else s->rhead = b->head;
-      s->rtail = b->tail;
-      b->head = b->tail = -1;
-    }
-    return;
-  }
-  int t = s->cur;
-  Fiber* self = &s->f[t];
-  self->next = -1;
-  self->state = state;
-  if (b->tail >= 0) s->f[b->tail].next = t; else b->head = t;
-  b->tail = t;
-  run_next(s, self);
-}
 
 static void run_block(Sched* s) {
   for (int t = 0; t < s->n; t++) {
@@ -497,18 +482,19 @@ static void run_block(Sched* s) {
 #endif
 }
 
-template <class F> static void tramp(void* p) { (*(F*)p)(); }
-
-template <class F> static void run_fibers(F& body, const unsigned* g) {
+static void run_fibers(const zyx_emu_launch* l, zyx_emu_ctx* c) {
+  const unsigned* g = l->g;
   int n = (int)(g[3] * g[4] * g[5]);
   Sched* s = (Sched*)rt->scratch(sizeof(Sched));
   char* stacks = s ? rt->stacks(n, STRIDE) : 0;
-  if (!s || !stacks) fail(TRAP, "cuda emulator: out of memory for the fibers of a block");
+  if (!s || !stacks) fail_in(c, TRAP, "cuda emulator: out of memory for the fibers of a block");
   s->n = n;
   s->nwarps = (n + 31) / 32;
-  s->body = &tramp<F>;
-  s->arg = &body;
+  s->body = l->body;
+  s->arg = l->arg;
   s->stacks = stacks;
+  s->tid = l->thread_idx;
+  s->ctx = c;
   for (int t = 0; t < n; t++) {
     s->f[t].x = t % g[3]; s->f[t].y = (t / g[3]) % g[4]; s->f[t].z = t / (g[3] * g[4]);
   }
@@ -516,66 +502,202 @@ template <class F> static void run_fibers(F& body, const unsigned* g) {
     int lanes = n - 32 * w < 32 ? n - 32 * w : 32;
     s->lanes[w] = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1u;
   }
-  S = s;
+  *l->sched = s;
+  S_uc = s;
+  unsigned* bi = l->block_idx;
   long long lin = 0;
   for (unsigned bz = 0; bz < g[2]; bz++)
     for (unsigned by = 0; by < g[1]; by++)
       for (unsigned bx = 0; bx < g[0]; bx++) {
-        blockIdx.x = bx; blockIdx.y = by; blockIdx.z = bz;
-        C->res->block = lin++;
+        bi[0] = bx; bi[1] = by; bi[2] = bz;
+        c->res->block = lin++;
         run_block(s);
       }
 }
 
-template <class F> static void run_plain(F& body, const unsigned* g) {
-  zyx_emu_result* r = C->res;
+static void run_plain(const zyx_emu_launch* l, zyx_emu_result* r) {
+  const unsigned* g = l->g;
+  unsigned *bi = l->block_idx, *ti = l->thread_idx;
+  void (*body)(void*) = l->body;
+  void* arg = l->arg;
   long long lin = 0;
   for (unsigned bz = 0; bz < g[2]; bz++)
     for (unsigned by = 0; by < g[1]; by++)
       for (unsigned bx = 0; bx < g[0]; bx++) {
-        blockIdx.x = bx; blockIdx.y = by; blockIdx.z = bz;
+        bi[0] = bx; bi[1] = by; bi[2] = bz;
         r->block = lin++;
         int t = 0;
         for (unsigned tz = 0; tz < g[5]; tz++)
           for (unsigned ty = 0; ty < g[4]; ty++)
             for (unsigned tx = 0; tx < g[3]; tx++) {
-              threadIdx.x = tx; threadIdx.y = ty; threadIdx.z = tz;
+              ti[0] = tx; ti[1] = ty; ti[2] = tz;
               r->thread = t++;
-              body();
+              body(arg);
             }
       }
 }
 
-/* FIBERS is known when the wrapper is written: each module instantiates one runner (-7% of its compile time) */
-template <bool FIBERS, class F> static int launch(F& body, const unsigned* g, unsigned long long shared,
-                                                  zyx_emu_result* res, bool flush) {
+static int launch(const zyx_emu_launch* l) {
   zyx_emu_ctx ctx;
+  zyx_emu_result* res = l->res;
   ctx.res = res;
   res->kind = OK; res->block = -1; res->thread = -1;
-  C = &ctx;
-  S = 0;
-  if (rt == 0) {
-    res->kind = TRAP;
-    strcpy(res->detail, "cuda emulator: module not bound to the runtime");
-    return res->kind;
-  }
+  *l->ctx = &ctx;
+  *l->sched = 0;
   if (sigsetjmp(ctx.jb, 1) == 0) {
     if (rt->enter(&ctx) != 0) {  /* from here on a fault comes back to the sigsetjmp */
       res->kind = TRAP;
       strcpy(res->detail, "cuda emulator: cannot set up the signal stack");
-      C = 0;
+      *l->ctx = 0;
       return res->kind;
     }
-    if (shared) memset(rt->dyn_shared(), 0, shared);
-    gridDim.x = g[0]; gridDim.y = g[1]; gridDim.z = g[2];
-    blockDim.x = g[3]; blockDim.y = g[4]; blockDim.z = g[5];
-    if constexpr (FIBERS) run_fibers(body, g); else run_plain(body, g);
+    if (l->shared) memset(rt->dyn_shared(), 0, l->shared);
+    for (int i = 0; i < 3; i++) { l->grid_dim[i] = l->g[i]; l->block_dim[i] = l->g[3 + i]; }
+    if (l->fibers) run_fibers(l, &ctx); else run_plain(l, res);
   }
   rt->leave();
-  S = 0;
-  C = 0;
-  if (flush) fflush(stdout);
+  *l->sched = 0;
+  *l->ctx = 0;
+  if (l->flush) fflush(stdout);
   return res->kind;
+}
+}  // namespace zyx_emu
+
+static zyx_emu_runner zyx_runner = {0, zyx_emu::launch};
+extern "C" const zyx_emu_runner* zyx_emu_runner_bind(const zyx_emu_rt* r) {
+  zyx_emu::rt = r;
+  zyx_runner.rt = r;
+  return &zyx_runner;
+}
+"""
+
+
+def _vector_types() -> str:
+    """CUDA's vector types (``float4``, ``int2``, ...) and their ``make_*`` functions."""
+    base = [("char", "signed char", 1), ("uchar", "unsigned char", 1), ("short", "short", 2),
+            ("ushort", "unsigned short", 2), ("int", "int", 4), ("uint", "unsigned int", 4), ("long", "long", 8),
+            ("ulong", "unsigned long", 8), ("longlong", "long long", 8), ("ulonglong", "unsigned long long", 8),
+            ("float", "float", 4), ("double", "double", 8)]
+    out = []
+    for name, t, size in base:
+        for n in (1, 2, 3, 4):
+            align = size * (n if n in (1, 2, 4) else 1)
+            align = min(align, 16)
+            fields = "xyzw"[:n]
+            out.append(f"struct __attribute__((aligned({align}))) {name}{n} {{ {t} {', '.join(fields)}; }};")
+            args = ", ".join(f"{t} {f}" for f in fields)
+            out.append(f"static inline {name}{n} make_{name}{n}({args}) {{ {name}{n} r = {{{', '.join(fields)}}}; "
+                       "return r; }")
+    return "\n".join(out) + "\n"
+
+
+def _math() -> str:
+    """C's ``<math.h>`` and ``<stdlib.h>`` without libstdc++'s C++ wrappers, plus the overloads those wrappers (and
+    CUDA) give: float versions of the math functions, integer arguments as double, mixed arguments promoted to
+    double, ``abs`` of every arithmetic type, and the classification functions (not C's macros). The C++ wrappers
+    pull in ``<cmath>``: 14 MB of precompiled header, ~20 ms of every module's compile."""
+    unary = ("acos asin atan cos sin tan cosh sinh tanh exp log log10 sqrt ceil fabs floor acosh asinh atanh cbrt erf "
+             "erfc exp2 expm1 lgamma log1p log2 logb nearbyint rint round tgamma trunc").split()
+    to_int = {"ilogb": "int", "lrint": "long", "llrint": "long long", "lround": "long", "llround": "long long"}
+    binary = "atan2 pow fmod copysign fdim fmax fmin hypot nextafter remainder".split()
+    classify = {"isnan": "bool", "isinf": "bool", "isfinite": "bool", "signbit": "bool", "isnormal": "bool",
+                "fpclassify": "int"}
+    out = ["#define _GLIBCXX_INCLUDE_NEXT_C_HEADERS", "#include <math.h>", "#include <stdlib.h>",
+           "#undef _GLIBCXX_INCLUDE_NEXT_C_HEADERS",
+           "namespace zyx_emu {",
+           "template <class T> struct is_int { enum { v = 0 }; };",
+           *(f"template <> struct is_int<{t}> {{ enum {{ v = 1 }}; }};" for t in (
+               "bool", "char", "signed char", "unsigned char", "short", "unsigned short", "int", "unsigned", "long",
+               "unsigned long", "long long", "unsigned long long")),
+           "template <class T> struct is_num { enum { v = is_int<T>::v }; };",
+           "template <> struct is_num<float> { enum { v = 1 }; };",
+           "template <> struct is_num<double> { enum { v = 1 }; };",
+           "template <bool B, class T> struct when {};",
+           "template <class T> struct when<true, T> { typedef T type; };",
+           "}  // namespace zyx_emu",
+           "#define ZYX_EMU_INT(T, R) \\\n"
+           "  template <class T> static inline typename zyx_emu::when<zyx_emu::is_int<T>::v, R>::type",
+           "#define ZYX_EMU_NUM2(A, B) template <class A, class B> static inline typename zyx_emu::when<"
+           "zyx_emu::is_num<A>::v && zyx_emu::is_num<B>::v, double>::type"]
+    for f in unary:
+        out.append(f"static inline float {f}(float x) {{ return {f}f(x); }} "
+                   f"ZYX_EMU_INT(T, double) {f}(T x) {{ return {f}((double)x); }}")
+    for f, r in to_int.items():
+        out.append(f"static inline {r} {f}(float x) {{ return {f}f(x); }} "
+                   f"ZYX_EMU_INT(T, {r}) {f}(T x) {{ return {f}((double)x); }}")
+    for f in binary:
+        out.append(f"static inline float {f}(float x, float y) {{ return {f}f(x, y); }} "
+                   f"ZYX_EMU_NUM2(A, B) {f}(A x, B y) {{ return {f}((double)x, (double)y); }}")
+    out += ["static inline float fma(float x, float y, float z) { return fmaf(x, y, z); }",
+            "static inline float frexp(float x, int* e) { return frexpf(x, e); }",
+            "static inline float ldexp(float x, int e) { return ldexpf(x, e); }",
+            "static inline float scalbn(float x, int e) { return scalbnf(x, e); }",
+            "static inline float scalbln(float x, long e) { return scalblnf(x, e); }",
+            "static inline float modf(float x, float* i) { return modff(x, i); }",
+            "static inline float remquo(float x, float y, int* q) { return remquof(x, y, q); }",
+            "static inline float abs(float x) { return fabsf(x); }",
+            "static inline double abs(double x) { return fabs(x); }",
+            "static inline long abs(long x) { return labs(x); }",
+            "static inline long long abs(long long x) { return llabs(x); }"]
+    for f, r in classify.items():
+        args = "FP_NAN, FP_INFINITE, FP_NORMAL, FP_SUBNORMAL, FP_ZERO, x" if f == "fpclassify" else "x"
+        out += [f"#undef {f}", *(f"static inline {r} {f}({t} x) {{ return __builtin_{f}({args}); }}"
+                                 for t in ("float", "double")),
+                f"ZYX_EMU_INT(T, {r}) {f}(T x) {{ return {f}((double)x); }}"]
+    return "\n".join(out) + "\n"
+
+
+_HEADER = r"""
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+""" + _math() + _ABI + r"""
+""" + _vector_types() + r"""struct dim3 {
+  unsigned int x, y, z;
+  constexpr dim3(unsigned int a = 1, unsigned int b = 1, unsigned int c = 1) : x(a), y(b), z(c) {}
+  constexpr dim3(uint3 v) : x(v.x), y(v.y), z(v.z) {}
+};
+static thread_local uint3 threadIdx, blockIdx;
+static thread_local dim3 blockDim, gridDim;
+static constexpr int warpSize = 32;
+
+#define __global__
+#define __device__
+#define __host__
+#define __constant__
+#define __managed__
+#define __grid_constant__
+#define __noinline__ __attribute__((noinline))
+#define __forceinline__ inline __attribute__((always_inline))
+#define __launch_bounds__(...)
+#define __cluster_dims__(...)
+#define __maxnreg__(...)
+#define __align__(n) __attribute__((aligned(n)))
+#define __shared__ static thread_local
+
+""" + _SCHED + r"""
+
+namespace zyx_emu {
+static const zyx_emu_runner* runner;  /* set by zyx_emu_bind when the module is loaded */
+static const zyx_emu_rt* rt;
+static thread_local Sched* S;        /* the fiber scheduler of this thread's launch (null: plain calls) */
+static thread_local zyx_emu_ctx* C;  /* this thread's launch */
+
+__attribute__((noreturn)) static inline void fail(int kind, const char* detail) { fail_in(C, kind, detail); }
+
+template <class F> static void tramp(void* p) { (*(F*)p)(); }
+
+/* Run body (one CUDA thread) over the grid g (grid x, y, z, block x, y, z) in the runtime library. */
+static int launch(bool fibers, void (*body)(void*), void* arg, const unsigned* g, unsigned long long shared,
+                  zyx_emu_result* res, bool flush) {
+  if (runner == 0) {
+    res->kind = TRAP; res->block = -1; res->thread = -1;
+    strcpy(res->detail, "cuda emulator: module not bound to the runtime");
+    return res->kind;
+  }
+  zyx_emu_launch l = {body, arg, {g[0], g[1], g[2], g[3], g[4], g[5]}, shared, res, fibers, flush,
+                      &threadIdx.x, &blockIdx.x, &blockDim.x, &gridDim.x, &S, &C};
+  return runner->launch(&l);
 }
 
 template <int I, class... A> struct Nth;
@@ -955,7 +1077,7 @@ static inline float __uint2float_rn(unsigned x) { return (float)x; }
 static inline double __int2double_rn(int x) { return (double)x; }
 static inline float __double2float_rn(double x) { return (float)x; }
 
-extern "C" void zyx_emu_bind(const zyx_emu_rt* r) { zyx_emu::rt = r; }
+extern "C" void zyx_emu_bind(const zyx_emu_runner* r) { zyx_emu::runner = r; zyx_emu::rt = r->rt; }
 """
 
 _STUB_HEADERS = ("cuda.h", "cuda_runtime.h", "cuda_runtime_api.h", "device_launch_parameters.h", "cuda_fp16.h",
@@ -1243,6 +1365,22 @@ def _runtime() -> int:
         return _RT[1]
 
 
+_RUNNER_LIBS: dict[tuple[str, ...], tuple[ctypes.CDLL, int]] = {}  # flags -> (library, its bound runner table)
+
+
+def _runner() -> int:
+    """Address of the block runners' table for the current flags, bound to the process's runtime."""
+    rt = _runtime()
+    flags = _flags()
+    with _RT_LOCK:
+        if flags not in _RUNNER_LIBS:
+            lib = ctypes.CDLL(str(_build(_RUNNERS, "the CUDA emulator's block runners", with_header=False)))
+            bind = lib.zyx_emu_runner_bind
+            bind.argtypes, bind.restype = [ctypes.c_void_p], ctypes.c_void_p
+            _RUNNER_LIBS[flags] = (lib, bind(rt))
+        return _RUNNER_LIBS[flags][1]
+
+
 def trim_thread() -> None:
     """Give back this OS thread's large fiber-stack block (kept between launches; a stream calls this when it
     runs out of work, so idle threads hold no more than 32 stacks' mappings)."""
@@ -1357,8 +1495,8 @@ class EmulatedModule:
             call = ", ".join(f"a{j}" for j in range(len(s.param_sizes)))
             lines += [f"  auto body = [&]() {{ {s.name}({call}); }};",
                       "  const unsigned g[6] = {gx, gy, gz, bx, by, bz};",
-                      f"  return zyx_emu::launch<{'true' if fib else 'false'}>(body, g, shared, res, "
-                      f"{'true' if 'printf' in code else 'false'});",
+                      f"  return zyx_emu::launch({'true' if fib else 'false'}, &zyx_emu::tramp<decltype(body)>, "
+                      f"&body, g, shared, res, {'true' if 'printf' in code else 'false'});",
                       "}"]
             wrappers.append("\n".join(lines))
         cpp = f'#line 1 "{file}.cu"\n' + body_src + '\n#line 1 "zyx_emu_wrappers"\n' + "\n".join(wrappers) + "\n"
@@ -1366,7 +1504,7 @@ class EmulatedModule:
         lib = ctypes.CDLL(str(self.path))
         bind = lib.zyx_emu_bind
         bind.argtypes, bind.restype = [ctypes.c_void_p], None
-        bind(_runtime())
+        bind(_runner())
         self._lib = lib
         self.functions: dict[str, KernelFunction] = {}
         for i, (s, fib) in enumerate(zip(sigs, fibers)):
