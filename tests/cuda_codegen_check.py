@@ -6,11 +6,15 @@ checks its own kernels; a failure is an error in the teardown of that worker's l
 deduplicated by their rendered source and compiled in batches (``nvrtc.check_batch``: one NVRTC program per
 batch, each kernel in its own namespace, ~2.5x faster than one program per kernel) over a process pool of two;
 sources checked in an earlier run are remembered on disk, so only new sources cost an NVRTC run. No GPU needed.
+For sm_90 only the sources that sm_90 preprocesses differently from sm_80 are compiled (``_arch_dependent``): the
+batches produce PTX, so the same preprocessed text that compiles for sm_80 compiles for sm_90 (a superset).
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import operator
+import re
 import time
 from concurrent.futures import ProcessPoolExecutor
 
@@ -22,6 +26,23 @@ from zyx.kernel.render_cuda import render_cuda
 ARCHS = ("sm_80", "sm_90")
 BATCH = 128  # kernels per NVRTC program (308 kernels, one process: 8 per program 2.22 s, 32 1.47 s, 128 1.27 s)
 POOL_MIN_BATCHES = 4  # below this, a worker pool costs more than it saves
+
+
+_ARCH_COMPARE = re.compile(r"__CUDA_ARCH__\s*(>=|<=|==|!=|>|<)\s*(\d+)")
+_ARCH_DEFINED = re.compile(r"defined\s*\(\s*__CUDA_ARCH__\s*\)|#\s*if(?:n)?def\s+__CUDA_ARCH__")
+_OPS = {">=": operator.ge, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">": operator.gt, "<": operator.lt}
+
+
+def _arch_dependent(source: str) -> bool:
+    """Whether sm_90 may preprocess ``source`` differently from sm_80: it includes a header, or a use of
+    ``__CUDA_ARCH__`` is other than ``defined``/``#ifdef`` or a comparison with a constant that 800 and 900 answer
+    alike (``>= 800``, ``< 800``)."""
+    if "#include" in source:
+        return True
+    compares = _ARCH_COMPARE.findall(source)
+    if any(_OPS[op](800, int(v)) != _OPS[op](900, int(v)) for op, v in compares):
+        return True
+    return source.count("__CUDA_ARCH__") != len(compares) + len(_ARCH_DEFINED.findall(source))
 
 
 def _check(job: tuple[tuple[str, ...], str]) -> str | None:
@@ -60,15 +81,17 @@ def check_logged_kernels(log: list) -> tuple[str, list[str]]:
     t0 = time.perf_counter()
     sources, failures = _render_all(list(log))
     t_render = time.perf_counter() - t0
+    per_arch = {"sm_80": sources, "sm_90": [s for s in sources if _arch_dependent(s)]}
     jobs: list[tuple[tuple[str, ...], str]] = []
     for arch in ARCHS:
-        todo = [s for s in sources if not nvrtc.is_checked(s, arch)]
+        todo = [s for s in per_arch[arch] if not nvrtc.is_checked(s, arch)]
         jobs += [(tuple(todo[i:i + BATCH]), arch) for i in range(0, len(todo), BATCH)]
     n_new = sum(len(srcs) for srcs, _ in jobs)
     t1 = time.perf_counter()
     failures += _run(jobs)
-    n_all = len(sources) * len(ARCHS)
-    summary = (f"CUDA codegen: {len(log)} logged kernels, {len(sources)} distinct sources, {n_all} compiles for "
-               f"{'/'.join(ARCHS)} ({n_new} run now in {len(jobs)} NVRTC programs, {n_all - n_new} checked "
-               f"before); render {t_render:.1f} s, NVRTC {time.perf_counter() - t1:.1f} s")
+    n_all = sum(len(per_arch[a]) for a in ARCHS)
+    summary = (f"CUDA codegen: {len(log)} logged kernels, {len(sources)} distinct sources, {n_all} compiles (sm_80 "
+               f"each, sm_90 the {len(per_arch['sm_90'])} it preprocesses differently; {n_new} run now in "
+               f"{len(jobs)} NVRTC programs, {n_all - n_new} checked before); "
+               f"render {t_render:.1f} s, NVRTC {time.perf_counter() - t1:.1f} s")
     return summary, failures
