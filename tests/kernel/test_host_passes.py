@@ -643,6 +643,7 @@ def test_interleaved_phases_unroll(name):
         ko = opt.optimize(k, HOST2)
         assert _divmods(ko) == 0
         assert len(ko.stores) == copies * len(k.stores)
+        assert all(r.arg[1] > 1 for r in ko.loops), ko.loops  # a loop unrolled whole leaves no unit loop behind
     on, off = _run(fn), _run(fn, ("unroll_divmod_loops",))
     np.testing.assert_array_equal(on[0], off[0])
     if name == "upsample 2x":

@@ -110,6 +110,31 @@ def test_floor_quotient_and_remainder_of_a_signed_index_recombine(n, a, b, c):
     assert all(evaluate(back, {r: i}) == i * a + b for i in range(n))
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 6), st.sampled_from([1, 2, 3, 4, 8, 16, 24, 64])), min_size=1, max_size=3),
+       st.integers(-40, 40), st.sampled_from([2, 3, 4, 6, 8, 16, 32, 48, 64, 128]))
+def test_quotient_and_remainder_of_an_affine_index_equal_python_floor_division(terms, k0, c):
+    rs = [ir.range_(i, n) for i, (n, _) in enumerate(terms)]
+    e = ir.const(k0, ir.index_dtype)
+    for r, (_, k) in zip(rs, terms):
+        e = e + r * k
+    q, m = ir.idiv(e, c), ir.mod(e, c)
+    for combo in itertools.product(*(range(r.arg[1]) for r in rs)):
+        v = k0 + sum(i * k for i, (_, k) in zip(combo, terms))
+        env = dict(zip(rs, combo))
+        assert (evaluate(q, env), evaluate(m, env)) == (v // c, v % c), (terms, k0, c, combo)
+
+
+def test_a_division_by_a_multiple_of_the_high_digits_unit_keeps_only_the_high_digits():
+    """``(256 r2 + r3) // 1024`` with ``0 <= r3 < 256`` is ``r2 // 4`` (and the remainder ``256 (r2 % 4) + r3``):
+    a loop merged over a 4-D view with flips (a sort's paired stages) otherwise divided in its vector loop."""
+    r2, r3 = ir.range_(0, 8), ir.range_(1, 256)
+    e = r2 * 256 + r3
+    assert ir.idiv(e, 1024) is ir.idiv(r2, 4)
+    assert ir.mod(e, 1024) is ir.mod(r2, 4) * 256 + r3
+    assert ir.idiv(e + 1024, 512) is ir.idiv(r2, 2) + 2
+
+
 def test_basic_rewrites():
     r = ir.range_(0, 8)
     q = ir.range_(1, 4)

@@ -301,6 +301,22 @@ def mul(a: Expr, b: Expr) -> Expr:
     return alu(Ops.MUL, a, b)
 
 
+def _split_digit(terms: dict[Expr, int], k0: int, c: int, dtype: DType) -> tuple[Expr, Expr, int] | None:
+    """``(q, low, g)`` with ``sum(terms) + k0 == g * q + low``, ``0 <= low < g``, ``1 < g < c`` and ``g`` dividing
+    ``c``, so that ``a // c == q // (c / g)`` and ``a % c == g * (q % (c / g)) + low`` (floor semantics, any sign
+    of ``q``): the terms whose coefficients ``g`` divides are the high digits, the rest fit below ``g``. None when no
+    such split exists (e.g. ``(256 r2 + r3) // 1024`` with ``0 <= r3 < 256`` is ``r2 // 4``)."""
+    order = sorted(terms.items(), key=lambda kv: -abs(kv[1]))
+    for i in range(1, len(order)):
+        g = math.gcd(c, *(v for _, v in order[:i]))
+        if g <= 1 or g >= c:
+            continue
+        low = _rebuild(dict(order[i:]), k0 % g, dtype)
+        if low.vmin >= 0 and low.vmax < g:
+            return _rebuild({k: v // g for k, v in order[:i]}, k0 // g, dtype), low, g
+    return None
+
+
 def idiv(a: Expr, c: int) -> Expr:
     """a // c for a non-negative index expression ``a`` and a positive constant ``c``."""
     assert c > 0
@@ -319,6 +335,9 @@ def idiv(a: Expr, c: int) -> Expr:
             r = _rebuild(dict(rest), k0 % c, a.dtype)
             if r.vmin >= 0:
                 return add(_rebuild(whole, k0 // c, a.dtype), idiv(r, c))
+        split = _split_digit(terms, k0, c, a.dtype)
+        if split is not None:
+            return idiv(split[0], c // split[2])
         if a.op is Ops.DIV and a.srcs[1].op is Ops.CONST and a.srcs[0].vmin >= 0:
             return idiv(a.srcs[0], a.srcs[1].arg * c)
         q = _make(Ops.DIV, a.dtype, (a, const(c, a.dtype)), None, (a.vmin // c, a.vmax // c))
@@ -341,6 +360,10 @@ def mod(a: Expr, c: int) -> Expr:
             r = _rebuild(rest, k0 % c, a.dtype)
             if r.vmin >= 0:
                 return mod(r, c)
+        split = _split_digit(terms, k0, c, a.dtype)
+        if split is not None:
+            q, low, g = split
+            return add(mul(mod(q, c // g), const(g, a.dtype)), low)
         if a.op is Ops.MOD and a.srcs[1].op is Ops.CONST and a.srcs[1].arg % c == 0:
             return mod(a.srcs[0], c)
         return _make(Ops.MOD, a.dtype, (a, const(c, a.dtype)), None, (0, min(c - 1, a.vmax)))

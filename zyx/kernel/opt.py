@@ -245,8 +245,10 @@ def ungate_invariant_loads(k: Kernel) -> Kernel:
 
 def _unrolled(k: Kernel, r: Expr, factor: int) -> tuple[Expr, tuple[Store, ...]]:
     """Output loop ``r`` unrolled by ``factor`` (which divides it): a new range ``a`` of ``r / factor`` iterations
-    and ``k``'s stores once per ``u < factor`` with ``r = factor * a + u`` (simplified: constants fold)."""
-    a = ir.range_(max(x.arg[0] for x in _every_range(k)) + 1, r.arg[1] // factor)
+    and ``k``'s stores once per ``u < factor`` with ``r = factor * a + u`` (simplified: constants fold); ``a`` is
+    the constant 0 when ``factor`` is the whole loop."""
+    a = ir.const(0, ir.index_dtype) if factor == r.arg[1] else \
+        ir.range_(max(x.arg[0] for x in _every_range(k)) + 1, r.arg[1] // factor)
     stores: list[Store] = []
     for u in range(factor):
         memo: dict = {}
@@ -685,7 +687,8 @@ def upcast_rows(k: Kernel, rows: int | None = None) -> Kernel:
                    for x in ir.toposort([e.srcs[0]])):
             return k
     outer, stores = _unrolled(k, r, rows)
-    return replace(k, loops=k.loops[:-1] + (outer,), stores=stores, reduce_lanes=lanes // rows, upcast_rows=rows)
+    loops = k.loops[:-1] + ((outer,) if outer.op is Ops.RANGE else ())
+    return replace(k, loops=loops, stores=stores, reduce_lanes=lanes // rows, upcast_rows=rows)
 
 
 UPCAST_TAPS_MAX = 9  # outputs ``upcast_taps`` computes in one reduce nest (a 3x3 filter's taps)
@@ -721,8 +724,8 @@ def upcast_taps(k: Kernel) -> Kernel:
             any(iterations(e) < UPCAST_TAPS_MIN_REDUCE or not all(r in e.ranges for r in tail) for e in top):
         return k
     for r in tail:
-        a, stores = _unrolled(k, r, r.arg[1])  # ``a`` has one iteration: dropped
-        k = drop_unit_loops(replace(k, loops=tuple(a if x is r else x for x in k.loops), stores=stores))
+        _, stores = _unrolled(k, r, r.arg[1])  # unrolled whole: no loop is left
+        k = replace(k, loops=tuple(x for x in k.loops if x is not r), stores=stores)
     return replace(k, upcast_rows=n)
 
 
