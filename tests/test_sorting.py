@@ -108,12 +108,16 @@ def test_edge_cases(device):
         one.topk(3, dim=0)
 
 
-def test_each_stage_is_one_kernel():
+def test_stages_are_stored_in_pairs_by_one_kernel_each():
     from conftest import kernels_of
+
+    from zyx.sorting import _stage_groups
 
     t = zyx.Tensor(np.random.default_rng(5).standard_normal((2, 16)).astype(np.float32))
     ks = kernels_of(t.argsort(-1))
-    assert len(ks) == 4 * 5 // 2  # log2(16) (log2(16) + 1) / 2 stages, keys and positions stored by one kernel
+    groups = [g for k in (2, 4, 8, 16) for g in _stage_groups(k)]
+    assert sum(f for _, f in groups) == 4 * 5 // 2  # log2(16) (log2(16) + 1) / 2 stages
+    assert len(ks) == len(groups) == 7  # keys and positions stored by one kernel per group of stages
 
 
 def assert_topk_is_the_sorts_first(x: np.ndarray, k: int, largest: bool, device: str) -> None:
