@@ -467,6 +467,27 @@ def test_math_overloads_resolve_as_cmath_does():
     assert out.tolist() == [float(w) for w in want]
 
 
+def test_libraries_link_without_the_driver_unless_they_need_its_crt_files(tmp_path, monkeypatch):
+    """``_build`` links with the linker alone (its libc and libm symbols resolve from the process at load); a
+    library that then does not load (a thread_local with a destructor needs the crt's ``__dso_handle``) is linked
+    through the g++ driver."""
+    from zyx.backends.cuda.emulator import kernels
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    direct = []
+    real = kernels._link_direct
+    monkeypatch.setattr(kernels, "_link_direct", lambda obj, out: direct.append(real(obj, out)) or direct[-1])
+    plain = kernels._build('#include <math.h>\nextern "C" double f(double x) { return sin(x) + 1; }', "t", False)
+    assert direct == [True]
+    f = ctypes.CDLL(str(plain)).f
+    f.argtypes, f.restype = [ctypes.c_double], ctypes.c_double
+    assert f(0.5) == np.sin(0.5) + 1
+    crt = kernels._build('struct D { int v = 7; ~D() { v = 0; } };\nstatic thread_local D d;\n'
+                         'extern "C" int g(void) { return d.v; }', "t", False)
+    assert direct == [True, False]
+    assert ctypes.CDLL(str(crt)).g() == 7
+
+
 def test_ucontext_fallback(monkeypatch, rng):
     monkeypatch.setenv("ZYX_CUDA_EMULATOR_UCONTEXT", "1")
     m = EmulatedModule(KERNELS)  # not compile_module: the flags differ

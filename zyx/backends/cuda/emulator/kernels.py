@@ -72,6 +72,12 @@ FLAGS = ("-std=c++17", "-O1", "-shared", "-fPIC", "-w", "-fno-strict-aliasing", 
 # No -fwrapv: NVRTC has none, so signed overflow must be defined by the rendered code itself (``ir.may_wrap``); g++
 # folds undefined overflow as NVRTC does, so the emulator catches kernels that rely on wrapping.
 LINK_FLAGS = ("-Wl,-Bsymbolic", "-pipe")
+# Libraries are compiled (g++ -c) and then linked by the linker itself, not through the g++ driver (which reads
+# libstdc++, libm and libc and adds the crt files: ~24 ms a module, against ~4): their few libc and libm symbols
+# resolve when ctypes loads them (RTLD_NOW), from the Python process, which has both. A library that does not
+# load so (it needs the crt's ``__dso_handle``: a thread_local with a destructor, as in the runtime library) is
+# linked through the driver instead.
+LD_FLAGS = ("-shared", "-Bsymbolic", "--eh-frame-hdr")
 # no shadow stack / IBT marking: the fiber switch changes stacks by hand
 _ARCH_FLAGS = ("-fcf-protection=none",) if platform.machine() in ("x86_64", "AMD64") else ()
 
@@ -1289,6 +1295,30 @@ def _emu_dir() -> Path:
     return cache_dir() / "cuda_emulator"
 
 
+@functools.lru_cache(maxsize=1)
+def _linker() -> str | None:
+    """The linker g++ runs (None: not found, so libraries link through the driver)."""
+    gxx, _ = _compiler()
+    try:
+        r = subprocess.run([gxx, "-print-prog-name=ld"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    name = r.stdout.strip()
+    return shutil.which(name) if r.returncode == 0 and name else None
+
+
+def _link_direct(obj: str, out: str) -> bool:
+    """Link ``obj`` into the shared library ``out`` with the linker alone; whether that library loads."""
+    ld = _linker()
+    if ld is None or subprocess.run([ld, *LD_FLAGS, obj, "-o", out], capture_output=True).returncode != 0:
+        return False
+    try:
+        ctypes.CDLL(out)
+    except OSError:
+        return False
+    return True
+
+
 def _compile(args: list[str], what: str, src: Path) -> None:
     r = subprocess.run(args, capture_output=True, text=True)
     if r.returncode != 0:
@@ -1319,8 +1349,8 @@ def _build(body: str, what: str, with_header: bool = True) -> Path:
     gxx, version = _compiler()
     flags = _flags()
     full = (_HEADER if with_header else "") + body
-    key = hashlib.sha256("\0".join((full, gxx, version, " ".join(flags + LINK_FLAGS), platform.machine())).encode()
-                         ).hexdigest()
+    key = hashlib.sha256("\0".join((full, gxx, version, " ".join(flags + LINK_FLAGS + LD_FLAGS),
+                                    platform.machine())).encode()).hexdigest()
     d = _emu_dir()
     so = d / f"{key[:32]}.so"
     if so.exists():
@@ -1336,12 +1366,16 @@ def _build(body: str, what: str, with_header: bool = True) -> Path:
         write_atomic(src, body)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=d)
     os.close(fd)
+    obj = tmp[:-3] + ".o"
     try:
-        _compile([*args, str(src), *LINK_FLAGS, "-o", tmp], what, src)
+        _compile([*args, "-pipe", "-c", str(src), "-o", obj], what, src)
+        if not _link_direct(obj, tmp):
+            _compile([gxx, *flags, obj, *LINK_FLAGS, "-o", tmp], what, src)
         os.replace(tmp, so)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for f in (tmp, obj):
+            if os.path.exists(f):
+                os.unlink(f)
     return so
 
 
