@@ -10,7 +10,7 @@ Invariants:
 - Stages are stored (``contiguous``) in pairs (``_stage_groups``): one kernel computes stages ``j`` and ``j / 2``
   of a merge on a view with both pair axes (no reshape between the two, so its index arithmetic stays affine),
   each element evaluating the first stage at its two partners. On 2 cores a pair of 2048-wide rows costs 1.3-1.6x
-  one stage's kernel instead of 2x (the sort of 2048x2048: 133 -> ~95 ms). Three stages inlined cost more than
+  one stage's kernel instead of 2x (the sort of 2048x2048: 133 -> 103-114 ms). Three stages inlined cost more than
   they save (each element evaluates the first stage 4 times: 5-30 ms against 3 stages' 6-7).
 - The network moves (key, tag) pairs (``_ordered``): NaN keys are infinities, told apart from the infinities by
   their tags, so no compare sees a NaN; tags carry the positions. The sorted values are the input gathered at the
@@ -84,7 +84,9 @@ def _positions(x: Tensor, descending: bool) -> Tensor:
 def _stage_groups(k: int) -> list[tuple[int, int]]:
     """The stages ``j = k / 2, k / 4, ..., 1`` of merge ``k`` as ``(j, f)``: stages ``j .. j / 2**(f - 1)`` stored
     by one kernel. Pairs, except that stage 8 goes alone: paired with stage 4, the kernel's inner run of 4 elements
-    is unrolled whole and it vectorizes over 2 iterations only (12.7 ms against 2 x 2.2 on 2048x2048)."""
+    is unrolled whole and it vectorizes over 2 iterations only (12.7 ms against 2 x 2.2 on 2048x2048). Some pairs
+    still cost about two stages (4.2-5.6 ms: stages 512, 32 and 16 of merges whose direction changes within a row,
+    where GCC vectorizes the compare of the loop-invariant direction with narrow vectors)."""
     out = []
     j = k // 2
     while j >= 1:

@@ -111,8 +111,9 @@ def test_floor_quotient_and_remainder_of_a_signed_index_recombine(n, a, b, c):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 6), st.sampled_from([1, 2, 3, 4, 8, 16, 24, 64])), min_size=1, max_size=3),
-       st.integers(-40, 40), st.sampled_from([2, 3, 4, 6, 8, 16, 32, 48, 64, 128]))
+@given(st.lists(st.tuples(st.integers(1, 6), st.sampled_from([1, 2, 3, 4, 8, 16, 24, 64, -1, -8, -64])),
+                min_size=1, max_size=3),
+       st.integers(-40, 400), st.sampled_from([2, 3, 4, 6, 8, 16, 32, 48, 64, 128]))
 def test_quotient_and_remainder_of_an_affine_index_equal_python_floor_division(terms, k0, c):
     rs = [ir.range_(i, n) for i, (n, _) in enumerate(terms)]
     e = ir.const(k0, ir.index_dtype)
