@@ -32,8 +32,8 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 PASSES = ("column_block", "block_vector_reduce", "stash_row_values", "split_divmod_loops", "split_divmod_reduces",
-          "ungate_loads", "upcast_taps", "unroll_divmod_loops", "unroll_reduce", "upcast_rows", "transpose", "prefetch",
-          "prefetch_streams", "scatter", "pack_window")
+          "ungate_loads", "upcast_taps", "unroll_divmod_loops", "unroll_compared_loops", "unroll_reduce", "upcast_rows",
+          "transpose", "prefetch", "prefetch_streams", "scatter", "pack_window")
 HOST2 = DeviceInfo("host", "host", compute_units=2)
 
 
@@ -648,6 +648,31 @@ def test_interleaved_phases_unroll(name):
     np.testing.assert_array_equal(on[0], off[0])
     if name == "upsample 2x":
         np.testing.assert_array_equal(on[0], X.numpy().repeat(2, 2).repeat(2, 3))
+
+
+def test_a_sort_stage_pair_decides_its_halves():
+    """The first stage pair of a merge of 2048 compares ``r // 1024 == 0`` (the halves of the mirror stage) and
+    ``r // 512 % 2 == 0``: ``split_divmod_loops`` makes loops of 2 of them and ``unroll_compared_loops`` unrolls
+    them, so no loop range is compared with a constant; the outputs equal the pass-off ones bit for bit."""
+    from zyx.sorting import _merge_stages
+
+    rng = np.random.default_rng(3)
+    keys = zyx.Tensor(rng.standard_normal((4, 2048)).astype(np.float32)).realize()
+    tags = zyx.Tensor(np.tile(np.arange(2048, dtype=np.int32), (4, 1))).realize()
+
+    def fn():
+        a, b = _merge_stages(keys, tags, 2048, 1024, 2, False)
+        zyx.realize(a, b)
+        return a.numpy(), b.numpy()
+
+    (k,) = [k for k in _kernels(fn) if len(k.stores) == 2]
+    ko = opt.optimize(k, HOST2)
+    assert not ko.then and len(ko.stores) == 4 * 2  # 2 x 2 copies of both stores
+    assert not [e for e in ir.toposort(opt._all_roots(ko)) if e.op is Ops.CMPEQ and
+                any(x.op is Ops.RANGE for x in e.srcs)]
+    on, off = _run(fn), _run(fn, ("unroll_compared_loops",))
+    for a, b in zip(on, off):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize("shape, pads", [((1, 2, 3), ((0, 0), (1, 1), (0, 0))), ((2, 4, 2), ((0, 0), (2, 1), (0, 0))),

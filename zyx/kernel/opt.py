@@ -9,6 +9,7 @@
 - ``split_divmod_loops``: an output loop indexed through ``r // c`` and ``r % c`` splits into two loops.
 - ``unroll_divmod_loops``: an elementwise loop indexed through ``(r + b) // c`` and ``% c`` for a short ``c`` (phases
   of an interleave) is unrolled by ``c``: one copy of the stores per phase, its divisions folded.
+- ``unroll_compared_loops``: a short middle loop compared with a constant is unrolled whole (comparisons decided).
 - ``tile_transpose``: a kernel whose contiguous stores read a load across lines (transpose, permute) runs in
   square blocks of the two loops, so the lines it reads stay cached; disabled by name ``"transpose"``.
 - ``parallelize`` / ``vectorize``: mark the outer loop(s) parallel and the innermost loop vectorizable,
@@ -300,6 +301,29 @@ def unroll_divmod_loops(k: Kernel) -> Kernel:
             if a.op is not Ops.RANGE or c not in _phase_divisors(cand, a):
                 k, copies = cand, copies * c
                 break
+    return k
+
+
+UNROLL_COMPARED_COPIES = 4  # most copies of an elementwise loop body ``unroll_compared_loops`` makes
+
+
+def unroll_compared_loops(k: Kernel) -> Kernel:
+    """Unroll whole the short output loops (``UNROLL_COMPARED_COPIES`` copies in all) that are neither the outer
+    (thread) nor the inner (vector) loop and whose range is compared with a constant: a half of a sorting
+    network's block (``r == 0``), split off by ``split_divmod_loops``. In each copy the comparison is decided; left
+    as a loop-invariant ``_Bool`` beside the vector loop's compares, it made GCC vectorize that loop with 8-byte
+    vectors (a 2048^2 sort's stage pair: 18 ms, 2.6 unrolled). Elementwise kernels only."""
+    if k.then or k.gemm is not None or k.vector_acc is not None or k.reduces() or k.scan_ranges() or \
+            any(e.op in (Ops.STASH, Ops.LOCAL) for e in ir.toposort(_all_roots(k))):
+        return k
+    compared = {x for e in ir.toposort(_all_roots(k)) if e.op in (Ops.CMPLT, Ops.CMPLE, Ops.CMPEQ, Ops.CMPNE)
+                and any(y.op is Ops.CONST for y in e.srcs) for x in e.srcs if x.op is Ops.RANGE}
+    copies = 1
+    for r in k.loops[1:-1]:
+        if r in compared and copies * r.arg[1] <= UNROLL_COMPARED_COPIES:
+            _, stores = _unrolled(k, r, r.arg[1])
+            k = replace(k, loops=tuple(x for x in k.loops if x is not r), stores=stores)
+            copies *= r.arg[1]
     return k
 
 
@@ -1213,8 +1237,8 @@ def tile_gemm(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Kern
 # the optional host passes, by the names DISABLED takes
 PASS_NAMES = frozenset({"gemm", "column_block", "pack_window", "block_vector_reduce", "stash_row_values",
                         "split_divmod_loops", "split_divmod_reduces", "ungate_loads", "upcast_taps",
-                        "unroll_divmod_loops", "unroll_reduce", "upcast_rows", "transpose", "prefetch",
-                        "prefetch_streams", "scatter"})
+                        "unroll_divmod_loops", "unroll_compared_loops", "unroll_reduce", "upcast_rows", "transpose",
+                        "prefetch", "prefetch_streams", "scatter"})
 DISABLED: set[str] = set()  # names of optional host passes switched off (tests compare outputs with and without)
 
 
@@ -1269,6 +1293,8 @@ def _host_passes(part: Kernel, info: DeviceInfo, p: Params, units: int, min_work
         part = split_divmod_loops(part)
     if "unroll_divmod_loops" not in DISABLED:
         part = unroll_divmod_loops(part)
+    if "unroll_compared_loops" not in DISABLED:
+        part = unroll_compared_loops(part)
     if "gemm" not in DISABLED:
         tiled = tile_gemm(widen_accumulators(part), info, p)
         if tiled.gemm is not None:
