@@ -1,17 +1,21 @@
 """Sorting: ``sort``, ``argsort`` and ``topk``, as a bitonic network of zyx ops (every backend, no host round trip).
 
 The sort axis moves last and is padded to a power of two ``P``; each of the ``log2(P) (log2(P) + 1) / 2`` stages
-pairs element ``i`` with element ``i ^ j`` and swaps the pairs the network's order wants: padding after every
-element; then values in the asked order, NaN last ascending and first descending (as NumPy and PyTorch place it);
-then the original position. So equal values keep their order (the sort is stable, for either direction, as
-``torch.sort(stable=True)``) and every result is deterministic.
+pairs elements and puts the one the network's order wants first in the lower place: padding after every element;
+then values in the asked order, NaN last ascending and first descending (as NumPy and PyTorch place it); then the
+original position. Every block is sorted ascending in that order (no block runs the other way): merge ``k`` first
+pairs each element of a block of ``k`` with its mirror (``i ^ (k - 1)``), which leaves both halves bitonic and
+the lower one all first, then stages ``j = k / 4 .. 1`` pair ``i`` with ``i ^ j``. So equal values keep their
+order (the sort is stable, for either direction, as ``torch.sort(stable=True)``) and every result is
+deterministic.
 
 Invariants:
 - Stages are stored (``contiguous``) in pairs (``_stage_groups``): one kernel computes stages ``j`` and ``j / 2``
   of a merge on a view with both pair axes (no reshape between the two, so its index arithmetic stays affine),
-  each element evaluating the first stage at its two partners. On 2 cores a pair of 2048-wide rows costs 1.3-1.6x
-  one stage's kernel instead of 2x (the sort of 2048x2048: 133 -> 103-114 ms). Three stages inlined cost more than
-  they save (each element evaluates the first stage 4 times: 5-30 ms against 3 stages' 6-7).
+  each element evaluating the first stage at its two partners. On 2 cores a pair of 2048-wide rows costs 1.2-1.8x
+  one stage's kernel instead of 2x (the sort of 2048x2048: 133 ms with a stage a kernel and blocks sorted either
+  way, 72-92 ms now). Three stages inlined cost more than they save (each element evaluates the first stage 4
+  times: 5-30 ms against 3 stages' 6-7).
 - The network moves (key, tag) pairs (``_ordered``): NaN keys are infinities, told apart from the infinities by
   their tags, so no compare sees a NaN; tags carry the positions. The sorted values are the input gathered at the
   positions, so they carry gradients as ``gather`` does (the positions carry none).
@@ -84,9 +88,7 @@ def _positions(x: Tensor, descending: bool) -> Tensor:
 def _stage_groups(k: int) -> list[tuple[int, int]]:
     """The stages ``j = k / 2, k / 4, ..., 1`` of merge ``k`` as ``(j, f)``: stages ``j .. j / 2**(f - 1)`` stored
     by one kernel. Pairs, except that stage 8 goes alone: paired with stage 4, the kernel's inner run of 4 elements
-    is unrolled whole and it vectorizes over 2 iterations only (12.7 ms against 2 x 2.2 on 2048x2048). Some pairs
-    still cost about two stages (4.2-5.6 ms: stages 512, 32 and 16 of merges whose direction changes within a row,
-    where GCC vectorizes the compare of the loop-invariant direction with narrow vectors)."""
+    is unrolled whole and it vectorizes over 2 iterations only (15 ms against 1.5 + 2.6 on 2048x2048)."""
     out = []
     j = k // 2
     while j >= 1:
@@ -97,24 +99,25 @@ def _stage_groups(k: int) -> list[tuple[int, int]]:
 
 
 def _merge_stages(keys: Tensor, tags: Tensor, k: int, j: int, f: int, descending: bool) -> tuple[Tensor, Tensor]:
-    """Stages ``j, j / 2, ..., j / 2**(f - 1)`` of merge ``k`` over the last axis, stored. The network sorts block
-    ``a = i // (2 j)`` up (ascending) where bit ``k`` of its first position is clear, for each of the stages (their
-    blocks lie within one merge block); element ``i`` pairs with ``i ^ j``: the same place in the other half of its
-    block, a flip along that stage's axis of size 2 in the view ``(blocks, 2, ..., 2, j / 2**(f - 1))``."""
+    """Stages ``j, j / 2, ..., j / 2**(f - 1)`` of merge ``k`` over the last axis, stored, in the view
+    ``(blocks, 2, ..., 2, j / 2**(f - 1))`` (one axis of size 2 per stage). A stage pairs each element with the same
+    place in the other half of its block of ``2 j`` (a flip along its axis), the merge's first stage (``2 j == k``)
+    with its mirror in the block (a flip of that axis and every axis inside it)."""
     *lead, size = keys.shape
     h = j >> (f - 1)
     blocks = size // (2 * j)
-    first = Tensor.arange(blocks, dtype=dtypes.int64, device=keys.device) * (2 * j)
-    up = ((first & k) == 0).reshape((blocks,) + (1,) * (f + 1))
     shape = (*lead, blocks) + (2,) * f + (h,)
     v, t = keys.reshape(*shape), tags.reshape(*shape)
     for s in range(f):
         axis = s - f - 1  # the pair axis of stage j / 2**s
+        # the merge's first stage pairs each element with its mirror in the block (every axis from the pair axis in
+        # flipped), the others with the same place in the other half
+        flips = tuple(range(axis, 0)) if s == 0 and 2 * j == k else (axis,)
+        vp, tp = v.flip(flips), t.flip(flips)
         lower = (Tensor.arange(2, device=keys.device) == 0).reshape((2,) + (1,) * (-axis - 1))
-        vp, tp = v.flip(axis), t.flip(axis)
-        # tags differ, so exactly one of a pair comes first; the lower half of an up block (the upper of a down
-        # one) keeps the first: each element takes its partner's when that is (is not) the first
-        take = _precedes(vp, tp, v, t, descending) == (lower == up)
+        # tags differ, so exactly one of a pair comes first; the lower half keeps the first: each element takes
+        # its partner's when that is (is not) the first
+        take = _precedes(vp, tp, v, t, descending) == lower
         v, t = take.where(vp, v), take.where(tp, t)
     return v.reshape(*lead, size).contiguous(), t.reshape(*lead, size).contiguous()
 
