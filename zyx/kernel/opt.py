@@ -259,6 +259,13 @@ def _unrolled(k: Kernel, r: Expr, factor: int) -> tuple[Expr, tuple[Store, ...]]
     return a, tuple(stores)
 
 
+def _plain_elementwise(k: Kernel, nodes: list[Expr]) -> bool:
+    """Whether ``k`` (whose expressions are ``nodes``) is one elementwise loop nest: no segments, GEMM, vector
+    accumulators, reduces, scans, stashes or local arrays, so the unrolling passes may copy its stores."""
+    return not (k.then or k.gemm is not None or k.vector_acc is not None or k.reduces() or k.scan_ranges() or
+                any(e.op in (Ops.STASH, Ops.LOCAL) for e in nodes))
+
+
 UNROLL_DIVMOD_COPIES = 8  # most copies of an elementwise loop body ``unroll_divmod_loops`` makes (2x2x2: 3-D phases)
 
 
@@ -282,8 +289,7 @@ def unroll_divmod_loops(k: Kernel) -> Kernel:
     ``UNROLL_DIVMOD_COPIES`` copies in all; a loop is left alone unless unrolling removes its divisions by ``c``.
     An innermost loop that would keep fewer than ``SPLIT_MIN_INNER`` iterations is unrolled whole (the vector loop
     becomes the next one out, not a loop of 2)."""
-    if k.then or k.gemm is not None or k.vector_acc is not None or k.reduces() or k.scan_ranges() or \
-            any(e.op in (Ops.STASH, Ops.LOCAL) for e in ir.toposort(_all_roots(k))):
+    if not _plain_elementwise(k, ir.toposort(_all_roots(k))):
         return k
     copies = 1
     for r in reversed(k.loops):
@@ -313,10 +319,10 @@ def unroll_compared_loops(k: Kernel) -> Kernel:
     network's block (``r == 0``), split off by ``split_divmod_loops``. In each copy the comparison is decided; left
     as a loop-invariant ``_Bool`` beside the vector loop's compares, it made GCC vectorize that loop with 8-byte
     vectors (a 2048^2 sort's stage pair: 18 ms, 2.6 unrolled). Elementwise kernels only."""
-    if k.then or k.gemm is not None or k.vector_acc is not None or k.reduces() or k.scan_ranges() or \
-            any(e.op in (Ops.STASH, Ops.LOCAL) for e in ir.toposort(_all_roots(k))):
+    nodes = ir.toposort(_all_roots(k))
+    if not _plain_elementwise(k, nodes):
         return k
-    compared = {x for e in ir.toposort(_all_roots(k)) if e.op in (Ops.CMPLT, Ops.CMPLE, Ops.CMPEQ, Ops.CMPNE)
+    compared = {x for e in nodes if e.op in (Ops.CMPLT, Ops.CMPLE, Ops.CMPEQ, Ops.CMPNE)
                 and any(y.op is Ops.CONST for y in e.srcs) for x in e.srcs if x.op is Ops.RANGE}
     copies = 1
     for r in k.loops[1:-1]:
