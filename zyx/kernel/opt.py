@@ -979,6 +979,15 @@ GEMM_PARTIAL = 256  # wide accumulators: float32 partial sums over this many k, 
 # gradient's pack had stored each column along all k, a stride of nr apart, sweeping the whole panel out of the L1
 # cache once per column: 3x3 32x32x32^2 input, 64 filters, 5.6 -> 4.35 ms (chunks of 32 or 128 alike)
 GEMM_PACK_K_CHUNK = 64
+# A narrow tile, 8 rows of one vector, for short contractions (k <= GEMM_SHORT_K) and weight gradients (the pack
+# runs k innermost, ``_gemm_pack_k_inner``), on targets with 32 vector registers. Measured on the 2-core Zen 4
+# (AVX-512; ``scripts/gemm_tiles.py``, 11 rounds in turns, two runs), time against the 6 x 4-vector heuristic: k <= 64
+# ran 0.82-0.94 (a 3x3 convolution's input-gradient columns 0.84/0.90, a 7x7 stem's 0.82/0.89, 2048 x 64 x 2048
+# 0.85/0.92, 1024 x 32 x 1024 0.88, a Linear weight gradient 784 x 64 x 256 0.94; a 1x1 convolution's forward,
+# k = 64: 1.00/1.01), weight gradients 0.84-1.01 (3x3 at 32^2 and 56^2: 0.91-0.93, the stem's 0.84/0.85, 28^2, 14^2
+# and stride 2: 0.96-1.01); elsewhere (forward convolutions, long-k matmuls) it ran 1.00-1.31
+GEMM_SHORT_K = 64
+GEMM_NARROW_ROWS = 8
 GEMM_MR = (4, 6, 8, 12)  # candidate register-tile rows
 GEMM_NR = (1, 2, 3, 4)  # candidate register-tile widths, in vectors
 GEMM_NC = (64, 128, 256, 512)
@@ -1085,9 +1094,10 @@ def _gemm_rows(m: int, mr: int, vecs: int) -> int:
 
 
 def _gemm_defaults(k: Kernel, c: Contraction, info: DeviceInfo) -> dict[str, int]:
-    """The heuristic tile: as many accumulator vectors as the target's registers hold (``_gemm_shape``), panels
-    of ``GEMM_PANEL_BYTES``. Over several column loops, micro-panels that divide the innermost where one does
-    (each then lies in one row of it: one affine segment to pack and store)."""
+    """The heuristic tile: as many accumulator vectors as the target's registers hold (``_gemm_shape``), or the
+    narrow one for short contractions and weight gradients (``GEMM_SHORT_K``); panels of ``GEMM_PANEL_BYTES``.
+    Over several column loops, micro-panels that divide the innermost where one does (each then lies in one row of
+    it: one affine segment to pack and store)."""
     lanes = _gemm_lanes(c, info)
     cols = gemm_columns(k, c)
     n, kk = math.prod(r.arg[1] for r in cols), c.k.arg[1]
@@ -1095,6 +1105,8 @@ def _gemm_defaults(k: Kernel, c: Contraction, info: DeviceInfo) -> dict[str, int
     if len(cols) > 1:
         vectors = next((v for v in (4, 2, 1) if v <= max(vectors, 1) and c.n.arg[1] % (v * lanes) == 0), vectors)
     mr, vecs = _gemm_shape(vectors, info.vector_registers)
+    if info.vector_registers >= 32 and (kk <= GEMM_SHORT_K or _gemm_pack_k_inner(c)):
+        mr, vecs = GEMM_NARROW_ROWS, 1
     mr = _gemm_rows(c.m.arg[1], mr, vecs)
     kc = kk if kk <= GEMM_KC_MAX else GEMM_KC
     depth = kc if _gemm_direct(k, c) and not _gemm_wide(k, c) else kk
