@@ -58,6 +58,8 @@ WORKLOADS = {
     "conv56": lambda: conv_step((8, 64, 56, 56), (64, 64, 3, 3), padding=1),  # ResNet stages, batch 8
     "conv28": lambda: conv_step((8, 128, 28, 28), (128, 128, 3, 3), padding=1),
     "conv14": lambda: conv_step((8, 256, 14, 14), (256, 256, 3, 3), padding=1),
+    "conv7": lambda: conv_step((8, 512, 7, 7), (512, 512, 3, 3), padding=1),
+    "conv14_128": lambda: conv_step((16, 128, 14, 14), (128, 128, 3, 3), padding=1),
     "conv1x1": lambda: conv_step((8, 64, 56, 56), (256, 64, 1, 1)),
     "conv_s2": lambda: conv_step((8, 64, 56, 56), (128, 64, 3, 3), stride=2, padding=1),
     "stem": lambda: conv_step((16, 3, 64, 64), (32, 3, 7, 7), stride=2, padding=3),

@@ -137,26 +137,31 @@ def test_256_cube_float32_gets_the_register_tile():
     assert src.count("zc[") >= 6 + 1 and "fmaf(za, zbk[zj]" in src
 
 
-def test_short_contractions_and_weight_gradients_get_the_narrow_tile_on_avx512():
-    """k <= GEMM_SHORT_K, or a pack along k (a weight gradient's columns read out of order), takes 8 rows of one
-    vector on a 32-register target (measured faster there: ``opt.GEMM_SHORT_K``); long contractions keep 6 x 4
-    vectors, and a 16-register target its own tile. The narrow tile computes what NumPy does."""
+def test_short_contractions_weight_gradients_and_ragged_columns_get_the_narrow_tile_on_avx512():
+    """On a 32-register target (where it measured faster: ``opt._gemm_narrow``) 8 rows of one vector go to
+    k <= GEMM_SHORT_K, to columns that whole 64-wide micro-panels would overrun by more than an eighth (196 of them:
+    60 past the end), and to a weight gradient of few rows (its pack runs along k: columns read out of order). Long
+    contractions with columns that fill their panels (or overrun them by less: 784 in 832) keep 6 x 4 vectors, as
+    does a weight gradient of many rows; a 16-register target keeps its own tile. The narrow tile computes what
+    NumPy does."""
     narrow = (opt.GEMM_NARROW_ROWS, 16)
-    for m, kk, n in [(288, 64, 1024), (1024, 32, 1024), (160, 5, 400)]:
+    for m, kk, n in [(288, 64, 1024), (1024, 32, 1024), (160, 5, 400), (256, 512, 196)]:
         g = opt.optimize(_mm_kernel(m, kk, n), HOST2).gemm
         assert (g.mr, g.nr) == narrow, (m, kk, n)
-    g = opt.optimize(_mm_kernel(256, opt.GEMM_SHORT_K + 1, 256), HOST2).gemm
-    assert (g.mr, g.nr) == (6, 64)
+    for m, kk, n in [(256, opt.GEMM_SHORT_K + 1, 256), (128, 512, 784)]:
+        g = opt.optimize(_mm_kernel(m, kk, n), HOST2).gemm
+        assert (g.mr, g.nr) == (6, 64), (m, kk, n)
     assert (opt.optimize(_mm_kernel(96, 40, 72), AVX2).gemm.mr, opt.optimize(_mm_kernel(96, 40, 72), AVX2).gemm.nr) \
         == (6, 16)
-    f32, third, m, kk = dtypes.float32, 30, 64, 512  # columns read out of order (see the test at the end)
-    i, j, r = ir.range_(0, m), ir.range_(1, 3 * third), ir.range_(2, kk)
-    red = ir.reduce(Ops.ADD, ir.alu(Ops.MUL, ir.load(1, f32, i * kk + r),
-                                    ir.load(2, f32, r * 3 * third + (j % 3) * third + j // 3)), (r,))
-    k = Kernel("k", (Param("p0", f32, "out", m * 3 * third), Param("p1", f32, "in", m * kk),
-                     Param("p2", f32, "in", kk * 3 * third)), (i, j), (Store(0, i * 3 * third + j, red),))
-    g = opt.optimize(k, HOST2).gemm
-    assert g.pack_k_inner and (g.mr, g.nr) == narrow
+    f32, third, kk = dtypes.float32, 32, 512  # columns read out of order (see the test at the end)
+    for m, tile in [(opt.GEMM_NARROW_K_INNER_ROWS, narrow), (opt.GEMM_NARROW_K_INNER_ROWS + 1, (6, 64))]:
+        i, j, r = ir.range_(0, m), ir.range_(1, 3 * third), ir.range_(2, kk)
+        red = ir.reduce(Ops.ADD, ir.alu(Ops.MUL, ir.load(1, f32, i * kk + r),
+                                        ir.load(2, f32, r * 3 * third + (j % 3) * third + j // 3)), (r,))
+        k = Kernel("k", (Param("p0", f32, "out", m * 3 * third), Param("p1", f32, "in", m * kk),
+                         Param("p2", f32, "in", kk * 3 * third)), (i, j), (Store(0, i * 3 * third + j, red),))
+        g = opt.optimize(k, HOST2).gemm
+        assert g.pack_k_inner and (g.mr, g.nr) == tile, m
     xs = _inputs(288, 64, 200, dtypes.float32, False, False, 1)
     out, ko = _run_kernel(_mm_kernel(288, 64, 200), xs)
     assert (ko.gemm.mr, ko.gemm.nr) == narrow
@@ -166,14 +171,15 @@ def test_short_contractions_and_weight_gradients_get_the_narrow_tile_on_avx512()
 def test_whole_micro_panels_pack_without_clamped_columns():
     """n = 200 makes three whole 64-column micro-panels and one of 8: only that one clamps its column index (the
     clamp kept gcc from proving the loads contiguous: it gathered, and packing cost more than the tiles' arithmetic
-    when m is small)."""
-    src = CRenderer().render(opt.optimize(_mm_kernel(64, 288, 200), HOST2))
+    when m is small). (The heuristic would take 16-column panels here, overrunning by fewer columns.)"""
+    wide = {"gemm_mr": 6, "gemm_nr": 64}
+    src = CRenderer().render(opt.optimize(_mm_kernel(64, 288, 200), HOST2, wide))
     whole = src.index("if (zjc + zp * 64 + 64 <= 200) {")
     edge = src.index("else {", whole)
     assert "const long long r1 = zjc + zp * 64 + zj;" in src[whole:edge] and "? zn :" not in src[whole:edge]
     assert "const long long r1 = zn < 200 ? zn : 199;" in src[edge:]
     xs = _inputs(64, 288, 200, dtypes.float32, False, False, 1)
-    out, _ = _run_kernel(_mm_kernel(64, 288, 200), xs)
+    out, _ = _run_kernel(_mm_kernel(64, 288, 200), xs, wide)
     _check(out, _reference(xs, False, False, False, dtypes.float32), dtypes.float32, 288)
 
 

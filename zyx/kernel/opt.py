@@ -979,15 +979,9 @@ GEMM_PARTIAL = 256  # wide accumulators: float32 partial sums over this many k, 
 # gradient's pack had stored each column along all k, a stride of nr apart, sweeping the whole panel out of the L1
 # cache once per column: 3x3 32x32x32^2 input, 64 filters, 5.6 -> 4.35 ms (chunks of 32 or 128 alike)
 GEMM_PACK_K_CHUNK = 64
-# A narrow tile, 8 rows of one vector, for short contractions (k <= GEMM_SHORT_K) and weight gradients (the pack
-# runs k innermost, ``_gemm_pack_k_inner``), on targets with 32 vector registers. Measured on the 2-core Zen 4
-# (AVX-512; ``scripts/gemm_tiles.py``, 11 rounds in turns, two runs), time against the 6 x 4-vector heuristic: k <= 64
-# ran 0.82-0.94 (a 3x3 convolution's input-gradient columns 0.84/0.90, a 7x7 stem's 0.82/0.89, 2048 x 64 x 2048
-# 0.85/0.92, 1024 x 32 x 1024 0.88, a Linear weight gradient 784 x 64 x 256 0.94; a 1x1 convolution's forward,
-# k = 64: 1.00/1.01), weight gradients 0.84-1.01 (3x3 at 32^2 and 56^2: 0.91-0.93, the stem's 0.84/0.85, 28^2, 14^2
-# and stride 2: 0.96-1.01); elsewhere (forward convolutions, long-k matmuls) it ran 1.00-1.31
-GEMM_SHORT_K = 64
+GEMM_SHORT_K = 64  # contractions at most this long take the narrow tile (``_gemm_narrow``)
 GEMM_NARROW_ROWS = 8
+GEMM_NARROW_K_INNER_ROWS = 64  # weight gradients with at most this many rows take it too
 GEMM_MR = (4, 6, 8, 12)  # candidate register-tile rows
 GEMM_NR = (1, 2, 3, 4)  # candidate register-tile widths, in vectors
 GEMM_NC = (64, 128, 256, 512)
@@ -1095,7 +1089,7 @@ def _gemm_rows(m: int, mr: int, vecs: int) -> int:
 
 def _gemm_defaults(k: Kernel, c: Contraction, info: DeviceInfo) -> dict[str, int]:
     """The heuristic tile: as many accumulator vectors as the target's registers hold (``_gemm_shape``), or the
-    narrow one for short contractions and weight gradients (``GEMM_SHORT_K``); panels of ``GEMM_PANEL_BYTES``.
+    narrow one (``_gemm_narrow``); panels of ``GEMM_PANEL_BYTES``.
     Over several column loops, micro-panels that divide the innermost where one does (each then lies in one row of
     it: one affine segment to pack and store)."""
     lanes = _gemm_lanes(c, info)
@@ -1105,7 +1099,7 @@ def _gemm_defaults(k: Kernel, c: Contraction, info: DeviceInfo) -> dict[str, int
     if len(cols) > 1:
         vectors = next((v for v in (4, 2, 1) if v <= max(vectors, 1) and c.n.arg[1] % (v * lanes) == 0), vectors)
     mr, vecs = _gemm_shape(vectors, info.vector_registers)
-    if info.vector_registers >= 32 and (kk <= GEMM_SHORT_K or _gemm_pack_k_inner(c)):
+    if _gemm_narrow(c, n, vecs, lanes, info):
         mr, vecs = GEMM_NARROW_ROWS, 1
     mr = _gemm_rows(c.m.arg[1], mr, vecs)
     kc = kk if kk <= GEMM_KC_MAX else GEMM_KC
@@ -1114,6 +1108,29 @@ def _gemm_defaults(k: Kernel, c: Contraction, info: DeviceInfo) -> dict[str, int
     nc = max(nr, GEMM_PANEL_BYTES // (depth * c.red.dtype.itemsize) // nr * nr)
     nc = min(nc, -(-n // nr) * nr)
     return {"gemm_mr": mr, "gemm_nr": nr, "gemm_nc": nc, "gemm_kc": kc, "gemm_batch": _gemm_per_batch(k, c, info)}
+
+
+def _gemm_narrow(c: Contraction, n: int, vecs: int, lanes: int, info: DeviceInfo) -> bool:
+    """Whether the tile should be ``GEMM_NARROW_ROWS`` rows of one vector instead of ``vecs`` vectors, on a target
+    with 32 vector registers: for a weight gradient (its pack runs along k: ``_gemm_pack_k_inner``) of at most
+    ``GEMM_NARROW_K_INNER_ROWS`` rows; for any other contraction that is short (k <= ``GEMM_SHORT_K``) or whose
+    ``n`` columns, rounded up to whole micro-panels of ``vecs`` vectors, would compute over more than ``n / 8``
+    columns past the end (196 = 14^2 output positions in panels of 64: 60 more).
+
+    Measured on the 2-core Zen 4 (AVX-512) with ``scripts/gemm_tiles.py`` (candidates in turns on scratch buffers,
+    9-11 rounds; two runs where two figures), time against the 6 x 4-vector tile: k <= 64 0.82-0.94 (a 3x3
+    convolution's input-gradient columns 0.84/0.90, a 7x7 stem's 0.82/0.89, 2048 x 64 x 2048 0.85/0.92, 1024 x 32 x
+    1024 0.88, a Linear weight gradient 784 x 64 x 256 0.94; a 1x1 convolution's forward 1.00/1.01); 3x3 weight
+    gradients of 64 filters 0.91-0.93, the stem's of 32 0.84/0.85, of 128-512 filters 0.96-1.07 (512 at 7^2, k = 49:
+    1.07, so weight gradients of many rows keep their tile whatever k); columns 14^2 or 7^2 (31% past the end) in
+    3x3 forwards and an input gradient 0.84-0.89, 28^2 (6%) 1.01-1.04. Elsewhere (forward convolutions at 32^2 and
+    more, long-k matmuls) it ran 1.00-1.31."""
+    if info.vector_registers < 32:
+        return False
+    if _gemm_pack_k_inner(c):
+        return c.m.arg[1] <= GEMM_NARROW_K_INNER_ROWS
+    nr = vecs * lanes
+    return c.k.arg[1] <= GEMM_SHORT_K or -(-n // nr) * nr - n > n // 8
 
 
 def _gemm_batches(k: Kernel, c: Contraction) -> int:
