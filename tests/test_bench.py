@@ -62,6 +62,6 @@ def test_the_sum_rows_note_their_kernel_alone() -> None:
     import argparse
 
     row = bench.row_sum(argparse.Namespace(scale=8, repeats=1))  # 64x64
-    assert row.name == "row sum 64x64 f32" and row.zyx_ms > 0 and "kernel alone" not in row.refs
+    assert row.name == "row sum 64x64 f32" and row.zyx_ms > 0 and set(row.refs) <= {"numpy", "torch"}
     assert row.note.startswith("its kernel alone ") and " ms" in row.note
     assert ("x torch" in row.note) == ("torch" in row.refs)
