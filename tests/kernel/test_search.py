@@ -117,6 +117,41 @@ def test_failed_candidates_are_never_chosen():
     assert r.best == {} and math.isinf(r.best_ns)
 
 
+def test_a_winner_is_confirmed_in_turns_with_the_heuristic_or_rejected():
+    """``confirm``: a winner measured fast once by luck (then as slow as it is) loses the rounds in turns and the
+    heuristic is returned; a winner that is faster keeps winning, with the times of the turns."""
+    lucky = {"a": 1}
+    seen: list = []
+
+    def measure(p):
+        seen.append(dict(p))
+        if p == lucky:
+            return 50.0 if seen.count(lucky) == 1 else 200.0
+        return 100.0
+
+    r = beam_search(SPACE, measure, render, confirm=3)
+    assert r.best == {} and r.rejected == lucky and not r.confirmed and r.best_ns == r.default_ns == 100.0
+    tail = seen[-6:]
+    assert tail == [{}, lucky] * 3  # in turns, after the search
+    r = beam_search(SPACE, bowl, render, confirm=3)
+    assert full(r.best) == {"a": 2, "b": 1, "c": 64} and r.confirmed and r.rejected is None
+    assert r.best_ns == 100 and r.default_ns == bowl({})
+    plain = beam_search(SPACE, bowl, render)
+    assert not plain.confirmed and plain.rejected is None and r.measured == plain.measured
+
+
+def test_the_confirmation_stays_within_the_budget():
+    now, calls = [0.0], [0]
+
+    def measure(p):
+        now[0] += 1.0
+        calls[0] += 1
+        return bowl(p)
+
+    r = beam_search(SPACE, measure, render, budget_s=3.0, clock=lambda: now[0], confirm=3)
+    assert calls[0] == 3 and r.measured == 3 and not r.confirmed and not r.complete and r.best != {}
+
+
 def test_beam_width_one_is_greedy_coordinate_descent():
     r = beam_search(SPACE, bowl, render, width=1)
     assert full(r.best) == {"a": 2, "b": 1, "c": 64}

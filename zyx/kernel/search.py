@@ -14,11 +14,16 @@ Invariants:
   heuristic itself is always measured (a search that measures nothing cannot say anything).
 - A measurement that raises ``CandidateFailed`` (or returns a non-finite time) is recorded as ``inf`` and never
   chosen; the heuristic is returned when every candidate failed.
+- With ``confirm`` > 0, a winner other than the heuristic is measured again beside it, in turns, ``confirm`` times
+  each (within the budget): kept only when its median is the lower, else the heuristic is returned (``rejected``
+  names the loser). The fastest of many noisy measurements is the luckiest as much as the fastest: a candidate no
+  faster than the heuristic wins a long search often. Confirmed times replace the search's.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -44,6 +49,8 @@ class SearchResult:
     default_ns: float  # the heuristic's time
     trials: list[Trial] = field(default_factory=list)
     complete: bool = True  # False when the budget stopped the search
+    confirmed: bool = False  # the winner (not the heuristic) was measured faster again, in turns with the heuristic
+    rejected: Params | None = None  # the search's winner that the confirmation found no faster than the heuristic
 
     @property
     def measured(self) -> int:
@@ -67,7 +74,7 @@ def neighbours(space: Mapping[str, tuple[int, ...]], params: Mapping[str, int]) 
 def beam_search(space: Mapping[str, tuple[int, ...]], measure: Callable[[Params], float],
                 render: Callable[[Params], str] | None = None, budget_s: float = math.inf, width: int = 3,
                 max_rounds: int = 8, clock: Callable[[], float] = time.perf_counter,
-                on_trial: Callable[[Trial], None] | None = None) -> SearchResult:
+                on_trial: Callable[[Trial], None] | None = None, confirm: int = 0) -> SearchResult:
     """The best parameters of ``space`` by ``measure`` (nanoseconds, lower is better); see the module docstring."""
     start = clock()
     trials: list[Trial] = []
@@ -85,12 +92,7 @@ def beam_search(space: Mapping[str, tuple[int, ...]], measure: Callable[[Params]
             if not force and clock() - start >= budget_s:
                 complete = False
                 return False
-            try:
-                ns = float(measure(p))
-            except CandidateFailed:
-                ns = math.inf
-            if not math.isfinite(ns):
-                ns = math.inf
+            ns = _time(measure, p)
             if src is not None:
                 by_source[src] = ns
             t = Trial(p, ns, True)
@@ -133,7 +135,38 @@ def beam_search(space: Mapping[str, tuple[int, ...]], measure: Callable[[Params]
     if not ok:
         return SearchResult({}, default_ns, default_ns, trials, complete)
     best = min(ok, key=lambda t: t.ns)  # min keeps the first of equal times
-    return SearchResult(dict(best.params), best.ns, default_ns, trials, complete)
+    result = SearchResult(dict(best.params), best.ns, default_ns, trials, complete)
+    if confirm > 0 and best.params and math.isfinite(default_ns):
+        _confirm(result, measure, confirm, lambda: clock() - start < budget_s)
+    return result
+
+
+def _time(measure: Callable[[Params], float], p: Params) -> float:
+    """``measure(p)``, ``inf`` for a failed candidate or a non-finite time."""
+    try:
+        ns = float(measure(p))
+    except CandidateFailed:
+        return math.inf
+    return ns if math.isfinite(ns) else math.inf
+
+
+def _confirm(result: SearchResult, measure: Callable[[Params], float], rounds: int,
+             budget_left: Callable[[], bool]) -> None:
+    """Measure ``result.best`` and the heuristic in turns, ``rounds`` times each while the budget lasts; keep the
+    winner when its median is the lower, else fall back to the heuristic. Unchanged when the budget ran out first."""
+    heuristic: list[float] = []
+    winner: list[float] = []
+    for _ in range(rounds):
+        if not budget_left():
+            result.complete = False
+            return
+        heuristic.append(_time(measure, {}))
+        winner.append(_time(measure, result.best))
+    h, w = statistics.median(heuristic), statistics.median(winner)
+    if w < h:
+        result.best_ns, result.default_ns, result.confirmed = w, h, True
+    else:
+        result.rejected, result.best, result.best_ns, result.default_ns = result.best, {}, h, h
 
 
 __all__ = ["CandidateFailed", "Params", "SearchResult", "Trial", "beam_search", "neighbours"]
