@@ -46,7 +46,7 @@ from zyx.kernel.search import CandidateFailed, SearchResult, Trial, beam_search
 from zyx.kernel.target import DeviceInfo
 from zyx.utils import STATS, cache_dir, debug_on, log, on_caller_thread, write_atomic
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: winners confirmed in turns (CONFIRM_ROUNDS); earlier entries may hold lucky ones
 WARMUP = 1  # untimed launches of each candidate before timing (first-touch pages, module load, caches)
 REPEATS = 5  # timed launches of a candidate (median); 3 when one launch takes longer than SLOW_NS
 SLOW_NS = 20_000_000
