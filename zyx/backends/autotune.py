@@ -51,8 +51,8 @@ WARMUP = 1  # untimed launches of each candidate before timing (first-touch page
 REPEATS = 5  # timed launches of a candidate (median); 3 when one launch takes longer than SLOW_NS
 SLOW_NS = 20_000_000
 # rounds in turns that confirm a winner other than the heuristic (``beam_search``'s ``confirm``): among the ~50
-# candidates of a host GEMM's search, timed one after another on a noisy 2-core machine, the fastest had often been
-# the luckiest: the bench's autotuned softmax ran 0.98x its heuristic
+# candidates of a host search, timed one after another on a noisy 2-core machine, the fastest is partly the luckiest
+# (the bench's autotuned softmax had run 0.98x its heuristic)
 CONFIRM_ROUNDS = 3
 
 

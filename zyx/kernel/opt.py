@@ -1089,9 +1089,8 @@ def _gemm_rows(m: int, mr: int, vecs: int) -> int:
 
 def _gemm_defaults(k: Kernel, c: Contraction, info: DeviceInfo) -> dict[str, int]:
     """The heuristic tile: as many accumulator vectors as the target's registers hold (``_gemm_shape``), or the
-    narrow one (``_gemm_narrow``); panels of ``GEMM_PANEL_BYTES``.
-    Over several column loops, micro-panels that divide the innermost where one does (each then lies in one row of
-    it: one affine segment to pack and store)."""
+    narrow one (``_gemm_narrow``); panels of ``GEMM_PANEL_BYTES``. Over several column loops, micro-panels that
+    divide the innermost where one does (each then lies in one row of it: one affine segment to pack and store)."""
     lanes = _gemm_lanes(c, info)
     cols = gemm_columns(k, c)
     n, kk = math.prod(r.arg[1] for r in cols), c.k.arg[1]

@@ -16,8 +16,8 @@ Invariants:
   chosen; the heuristic is returned when every candidate failed.
 - With ``confirm`` > 0, a winner other than the heuristic is measured again beside it, in turns, ``confirm`` times
   each (within the budget): kept only when its median is the lower, else the heuristic is returned (``rejected``
-  names the loser). The fastest of many noisy measurements is the luckiest as much as the fastest: a candidate no
-  faster than the heuristic wins a long search often. Confirmed times replace the search's.
+  names the loser). The fastest of many noisy measurements is partly the luckiest: a candidate no faster than the
+  heuristic can win a long search. Confirmed times replace the search's.
 """
 
 from __future__ import annotations
