@@ -92,10 +92,12 @@ def gemm_kernels(workload) -> list:
 def time_candidates(dev, kernel, rounds: int) -> dict[str, float]:
     """Median ms of ``kernel`` under each of ``CANDIDATES``, one launch of each per round."""
     args, owned = autotune._scratch(dev, kernel)
-    programs = {}
+    programs, created = {}, set()
     try:
         for name, params in CANDIDATES.items():
-            programs[name] = dev.compile_candidate(kernel, params)[0]
+            programs[name], new = dev.compile_candidate(kernel, params)
+            if new:
+                created.add(programs[name])
         times: dict[str, list[float]] = {n: [] for n in programs}
         for pid in programs.values():
             dev.launch_timed(pid, args)  # first touch of the scratch buffers and of each program
@@ -107,6 +109,8 @@ def time_candidates(dev, kernel, rounds: int) -> dict[str, float]:
         pool = dev.pool()
         for b in owned:
             pool.release(b)
+        for pid in created:
+            dev.release(pid)
 
 
 def main() -> None:
