@@ -713,6 +713,56 @@ def test_unroll_divmod_leaves_ragged_and_reducing_loops():
     assert opt.unroll_divmod_loops(summed) is summed
 
 
+def test_a_ragged_interleave_splits_off_its_remainder_and_the_rest_unrolls():
+    """``split_ragged_phases``: a loop of 7 indexed through ``(i + 1) // 2`` becomes a segment of 6 iterations, which
+    ``unroll_divmod_loops`` unrolls (no division left), and one of the last iteration; other loops and kernels with a
+    reduce stay whole. In ``optimize``, a 1-D transposed convolution (kernel 5, stride 3, 1502 outputs a row, cropped
+    from 3 x 501 phases) unrolls its first 1500 outputs a row, the last 2 a segment of their own; equal bit for bit
+    with the passes off."""
+    i, j = ir.range_(0, 7), ir.range_(1, 4)
+    x = ir.load(1, dtypes.float32, ir.idiv(i + 1, 2) * 4 + j)
+    ragged = Kernel("k", (Param("p0", dtypes.float32, "out", 28), Param("p1", dtypes.float32, "in", 16)), (i, j),
+                    (Store(0, i * 4 + j, x),))
+    head, tail = opt.split_ragged_phases(ragged)
+    assert [r.arg[1] for r in head.loops] == [6, 4] and [r.arg[1] for r in tail.loops] == [1, 4]
+    assert _divmods(head) > 0 and _divmods(opt.unroll_divmod_loops(head)) == 0
+    even = replace(ragged, loops=(ir.range_(0, 8), j))
+    assert opt.split_ragged_phases(even) == [even]
+    r = ir.range_(2, 6)
+    red = ir.reduce(Ops.ADD, ir.load(1, dtypes.float32, ir.idiv(r + 1, 2) * 4 + j), (r,))
+    summed = Kernel("k", (Param("p0", dtypes.float32, "out", 4), Param("p1", dtypes.float32, "in", 16)), (j,),
+                    (Store(0, j, red),))
+    assert opt.split_ragged_phases(summed) == [summed]
+
+    rng = np.random.default_rng(8)
+    X = zyx.Tensor(rng.standard_normal((2, 6, 500)).astype(np.float32)).realize()
+    W = zyx.Tensor(rng.standard_normal((6, 3, 5)).astype(np.float32)).realize()
+
+    def fn():
+        return zyx.nn.functional.conv_transpose1d(X, W, stride=3).numpy()
+
+    (k,) = [k for k in _kernels(fn) if _divmods(opt.merge_loops(opt.drop_unit_loops(k)))]
+    ko = opt.optimize(k, HOST2)
+    head, *rest = (ko, *ko.then)
+    assert _divmods(head) == 0 and len(head.stores) == 3 * len(k.stores)
+    assert [math.prod(r.arg[1] for r in p.loops) for p in rest] == [2 * 3 * 2]  # the last 2 outputs of each row
+    on, off = _run(fn), _run(fn, ("unroll_divmod_loops",))
+    np.testing.assert_array_equal(on[0], off[0])
+
+
+def test_unrolled_copies_count_as_work():
+    """``work`` counts every store: the 3-D phases of a transposed convolution (4 x 8 x 16^3 outputs, 8 copies of the
+    stores after ``unroll_divmod_loops``) still run in parallel, as before the unrolling."""
+    rng = np.random.default_rng(9)
+    X = zyx.Tensor(rng.standard_normal((4, 16, 8, 8, 8)).astype(np.float32)).realize()
+    W = zyx.Tensor(rng.standard_normal((16, 8, 4, 4, 4)).astype(np.float32)).realize()
+    (k,) = [k for k in _kernels(lambda: zyx.nn.functional.conv_transpose3d(X, W, stride=2, padding=1).numpy())
+            if _divmods(opt.merge_loops(opt.drop_unit_loops(k)))]
+    ko = opt.optimize(k, HOST2)
+    assert len(ko.stores) == 8 and _divmods(ko) == 0
+    assert opt.work(ko) == k.size >= opt.PARALLEL_MIN_WORK and ko.parallel
+
+
 # ---- prefetch ----------------------------------------------------------------------------------------------------
 
 
