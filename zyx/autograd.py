@@ -648,23 +648,22 @@ def overlap_add_nd(x: Class, axes: Sequence[tuple[int, int]], strides: Sequence[
     for rs in residues:
         taps_per_axis = [[j for j in range(x.shape[k]) if (r - j * d) % s == 0]
                          for (_, k), r, s, d in zip(axes, rs, strides, dilations)]
-        total = None
+        total = None  # the taps keep their kernel axes (size 1) until the phase is summed: one reshape per phase
         for js in itertools.product(*taps_per_axis):
             pick = [(0, sz, 1) for sz in x.shape]
-            pads = [(0, 0)] * len(keep)
+            pads = [(0, 0)] * len(x.shape)
             for (a, k), j, r, s, d, m in zip(axes, js, rs, strides, dilations, ms):
                 c = (r - j * d) // s  # phase element mm reads x[mm + c]
                 lo, hi = max(0, c), min(x.shape[a], m + c)  # the x rows that land inside [0, m)
                 if lo >= hi:
                     break
                 pick[k], pick[a] = (j, j + 1, 1), (lo, hi, 1)
-                pads[out_at[a]] = (lo - c, m - (hi - c))
+                pads[a] = (lo - c, m - (hi - c))
             else:
-                xj = g.shrink(x, tuple(pick))
-                xj = g.reshape(xj, tuple(xj.shape[i] for i in keep))
-                placed = g.pad(xj, tuple(pads))
+                placed = g.pad(g.shrink(x, tuple(pick)), tuple(pads))
                 total = placed if total is None else g.binary(Ops.ADD, total, placed)
-        phases.append(g.const(0, tuple(phase_shape), x.dtype, x.device) if total is None else total)
+        phases.append(g.const(0, tuple(phase_shape), x.dtype, x.device) if total is None else
+                      g.reshape(total, tuple(phase_shape)))
     if len(phases) == 1:
         y = phases[0]
     else:  # each phase axis m gets a unit axis after it, padded to the stride: (..., m, s, ...) -> (..., m * s)
