@@ -44,7 +44,7 @@ and every candidate computes the same values (only speed differs).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from zyx import dtypes
@@ -329,13 +329,7 @@ def split_ragged_phases(k: Kernel) -> list[Kernel]:
         n = r.arg[1]
         if n % c == 0 or n // c < 2:
             continue
-        cut, next_id = n - n % c, max(x.arg[0] for x in _every_range(k)) + 1
-        parts = []
-        for j, (lo, hi) in enumerate(((0, cut), (cut, n))):
-            rj = ir.range_(next_id + j, hi - lo)
-            parts.extend(split_ragged_phases(_substitute_kernel(k, {r: rj + lo},
-                                                                tuple(rj if x is r else x for x in k.loops))))
-        return parts
+        return [s for part in _split_loop(k, r, (0, n - n % c, n)) for s in split_ragged_phases(part)]
     return [k]
 
 
@@ -989,13 +983,17 @@ def split_segments(k: Kernel) -> list[Kernel]:
             best, best_cuts = r, cuts
     if best is None or len(best_cuts) >= MAX_SEGMENTS:
         return [k]
+    return _split_loop(k, best, (0, *sorted(best_cuts), best.arg[1]))
+
+
+def _split_loop(k: Kernel, r: Expr, bounds: Sequence[int]) -> list[Kernel]:
+    """``k`` once per piece ``[lo, hi)`` of loop ``r`` between consecutive ``bounds`` (0 first, its extent last):
+    each with a new range of ``hi - lo`` iterations in ``r``'s place, ``r`` replaced by that range plus ``lo``."""
     next_id = max(x.arg[0] for x in _every_range(k)) + 1
-    bounds = [0, *sorted(best_cuts), best.arg[1]]
     parts = []
     for j, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
         rj = ir.range_(next_id + j, hi - lo)
-        loops = tuple(rj if x is best else x for x in k.loops)
-        parts.append(_substitute_kernel(k, {best: rj + lo}, loops))
+        parts.append(_substitute_kernel(k, {r: rj + lo}, tuple(rj if x is r else x for x in k.loops)))
     return parts
 
 
