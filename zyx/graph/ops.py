@@ -153,25 +153,39 @@ def expand(x: Class, shape: tuple[int, ...]) -> Class:
     return make(Ops.EXPAND, (x,), shape, shape, x.dtype, x.device)
 
 
+_ZERO_FILL = {"f": 0.0, "b": False}  # a fill of integer 0 in each dtype kind (``as_python``'s value), ints 0
+
+
 def pad(x: Class, pads: tuple[tuple[int, int], ...], fill=0) -> Class:
+    """Pad every axis by (before, after) elements of ``fill``. (One loop, no generators, and a zero fill without
+    NumPy: a transposed convolution's col2im builds a pad per kernel tap.)"""
     assert len(pads) == len(x.shape), (pads, x.shape)
-    pads = tuple((int(a), int(b)) for a, b in pads)
-    if all(p == (0, 0) for p in pads):
+    norm, shape, padded = [], [], False
+    for s, (a, b) in zip(x.shape, pads):
+        a, b = int(a), int(b)
+        padded = padded or a != 0 or b != 0
+        norm.append((a, b))
+        shape.append(s + a + b)
+    if not padded:
         return x
-    fill = dtypes.as_python(fill, x.dtype)
-    shape = tuple(s + a + b for s, (a, b) in zip(x.shape, pads))
-    return make(Ops.PAD, (x,), (pads, fill), shape, x.dtype, x.device)
+    fill = _ZERO_FILL.get(x.dtype.kind, 0) if type(fill) is int and fill == 0 else dtypes.as_python(fill, x.dtype)
+    return make(Ops.PAD, (x,), (tuple(norm), fill), tuple(shape), x.dtype, x.device)
 
 
 def shrink(x: Class, spec: tuple[tuple[int, int, int], ...]) -> Class:
     """Slice every axis by (start, stop, step) as Python's ``range``; negative steps flip."""
-    shape = tuple(len(range(a, b, c)) for a, b, c in spec)
-    arg = tuple((a, c) for a, b, c in spec)
-    if shape == x.shape and all(s == (0, 1) for s in arg):
+    shape, arg, whole = [], [], True
+    for (a, b, c), s in zip(spec, x.shape):
+        n = len(range(a, b, c))
+        whole = whole and n == s and a == 0 and c == 1
+        shape.append(n)
+        arg.append((a, c))
+    if whole and len(spec) == len(x.shape):
         return x
-    if x.op is Ops.CONST:
-        return const(x.node.arg, shape, x.dtype, x.device)
-    return make(Ops.SHRINK, (x,), arg, shape, x.dtype, x.device)
+    shape = tuple(shape)
+    if _op(x) is Ops.CONST:
+        return const(x.nodes[0].arg, shape, x.dtype, x.device)
+    return make(Ops.SHRINK, (x,), tuple(arg), shape, x.dtype, x.device)
 
 
 def gather(x: Class, index: Class, axis: int) -> Class:
