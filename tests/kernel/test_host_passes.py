@@ -724,10 +724,26 @@ def test_a_ragged_interleave_splits_off_its_remainder_and_the_rest_unrolls():
     ragged = Kernel("k", (Param("p0", dtypes.float32, "out", 28), Param("p1", dtypes.float32, "in", 16)), (i, j),
                     (Store(0, i * 4 + j, x),))
     head, tail = opt.split_ragged_phases(ragged)
-    assert [r.arg[1] for r in head.loops] == [6, 4] and [r.arg[1] for r in tail.loops] == [1, 4]
+    assert [r.arg[1] for r in head.loops] == [6, 4] and [r.arg[1] for r in tail.loops] == [4]  # (a unit loop dropped)
     assert _divmods(head) > 0 and _divmods(opt.unroll_divmod_loops(head)) == 0
     even = replace(ragged, loops=(ir.range_(0, 8), j))
     assert opt.split_ragged_phases(even) == [even]
+    # ragged halves on every loop: the remainders split off where the unrolling's 8 copies reach (the inner three
+    # loops here, 2 copies each), and every segment of the inner two unrolls to no division
+    def halves(*sizes):
+        rs = [ir.range_(10 + a, n) for a, n in enumerate(sizes)]
+        zero = ir.const(0, ir.index_dtype)
+        index = sum((ir.idiv(r + 1, 2) * 32 ** (len(rs) - 1 - a) for a, r in enumerate(rs)), zero)
+        out = sum((r * 64 ** (len(rs) - 1 - a) for a, r in enumerate(rs)), zero)
+        return Kernel("k", (Param("p0", dtypes.float32, "out", 64 ** len(rs)),
+                            Param("p1", dtypes.float32, "in", 32 ** len(rs))), tuple(rs),
+                      (Store(0, out, ir.load(1, dtypes.float32, index)),))
+
+    parts = opt.split_ragged_phases(halves(9, 33))
+    assert sorted(tuple(r.arg[1] for r in p.loops) for p in parts) == [(), (8,), (8, 32), (32,)]
+    assert all(_divmods(opt.unroll_divmod_loops(p)) == 0 for p in parts)
+    parts = opt.split_ragged_phases(halves(9, 9, 9, 33))
+    assert (9, 8, 8, 32) in [tuple(r.arg[1] for r in p.loops) for p in parts]  # the outer loop: past the budget
     r = ir.range_(2, 6)
     red = ir.reduce(Ops.ADD, ir.load(1, dtypes.float32, ir.idiv(r + 1, 2) * 4 + j), (r,))
     summed = Kernel("k", (Param("p0", dtypes.float32, "out", 4), Param("p1", dtypes.float32, "in", 16)), (j,),

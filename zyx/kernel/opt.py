@@ -282,6 +282,14 @@ def _phase_divisors(k: Kernel, r: Expr) -> dict[int, int]:
     return cs
 
 
+def _unroll_factor(k: Kernel, r: Expr, c: int, copies: int) -> int:
+    """How many copies ``unroll_divmod_loops`` makes of loop ``r`` of ``k`` for divisor ``c`` (after ``copies``):
+    ``c``, or the whole loop when it is the innermost and would keep fewer than ``SPLIT_MIN_INNER`` iterations
+    (too short to vectorize), where the budget allows."""
+    n = r.arg[1]
+    return n if r is k.loops[-1] and n // c < SPLIT_MIN_INNER and n * copies <= UNROLL_DIVMOD_COPIES else c
+
+
 def unroll_divmod_loops(k: Kernel) -> Kernel:
     """Unroll an output loop ``r`` whose index reaches the loads as ``(r + b) // c`` and ``(r + b) % c`` for a short
     ``c`` (the phases of an interleave: a strided transposed convolution's col2im, pixel shuffle, upsampling):
@@ -301,8 +309,7 @@ def unroll_divmod_loops(k: Kernel) -> Kernel:
         for c in sorted(cs, key=lambda x: (cs[x], x), reverse=True):
             if r.arg[1] % c or r.arg[1] // c < 2:
                 continue
-            if r is k.loops[-1] and r.arg[1] // c < SPLIT_MIN_INNER and r.arg[1] * copies <= UNROLL_DIVMOD_COPIES:
-                c = r.arg[1]  # the innermost loop would be too short to vectorize: unroll it whole
+            c = _unroll_factor(k, r, c, copies)
             a, stores = _unrolled(k, r, c)
             loops = tuple(a if x is r else x for x in k.loops if x is not r or a.op is Ops.RANGE)
             cand = replace(k, loops=loops, stores=stores)
@@ -316,20 +323,24 @@ def split_ragged_phases(k: Kernel) -> list[Kernel]:
     """Index-set splitting for ``unroll_divmod_loops``: an elementwise output loop indexed through ``(r + b) // c``
     and ``% c`` (its most used short divisor ``c``) whose extent ``n`` ``c`` does not divide becomes two loop nests
     (segments): ``r < n - n % c``, which the unrolling takes, and the ``n % c`` last iterations, which keep their
-    divisions. Every loop in turn (innermost first), so a 3-D interleave cropped on every axis makes up to 8
+    divisions. Every loop in turn (innermost first) within the unrolling's budget (``UNROLL_DIVMOD_COPIES`` copies
+    in all: a loop it would not unroll is not split), so a 3-D interleave cropped on every axis makes up to 8
     segments. (A 1-D transposed convolution, kernel 5, stride 3, 1502 outputs a row: its col2im had divided every
     index by 3 and gathered its taps, 1.6x the time of the phases stored apart and interleaved.)"""
     if k.split_reduce or not _plain_elementwise(k, ir.toposort(_all_roots(k))):
         return [k]
+    copies = 1
     for r in reversed(k.loops):
-        cs = {c: n for c, n in _phase_divisors(k, r).items() if 1 < c <= UNROLL_DIVMOD_COPIES}
-        if not cs:
+        uses = {c: u for c, u in _phase_divisors(k, r).items() if 1 < c <= UNROLL_DIVMOD_COPIES // copies}
+        if not uses:
             continue
-        c = max(cs, key=lambda x: (cs[x], x))
-        n = r.arg[1]
-        if n % c == 0 or n // c < 2:
+        c, n = max(uses, key=lambda x: (uses[x], x)), r.arg[1]
+        if n // c < 2:
             continue
-        return [s for part in _split_loop(k, r, (0, n - n % c, n)) for s in split_ragged_phases(part)]
+        if n % c == 0:  # the unrolling takes this loop as it is
+            copies *= _unroll_factor(k, r, c, copies)
+            continue
+        return [s for part in _split_loop(k, r, (0, n - n % c, n)) for s in split_ragged_phases(drop_unit_loops(part))]
     return [k]
 
 
