@@ -294,15 +294,24 @@ def cumsum(args) -> Row:
     return row
 
 
+def _beside_torch(name: str, args, zyx_fn: Callable[[], object], torch_fn: Callable[[], object] | None) -> Row:
+    """zyx's call beside torch's (None: torch is not installed) in settled blocks taken in turns
+    (``settled_blocks``): both multi-threaded, each block with its own threads awake and the other's idle, and the
+    machine's drifts on both alike. One library's block after the other's, the same 3x3 convolution had read
+    0.73-0.87x torch and a stride-2 stem's training step 0.78-1.05x in one day's runs, with no change between."""
+    fns = {"zyx": zyx_fn} if torch_fn is None else {"zyx": zyx_fn, "torch": torch_fn}
+    ms = settled_blocks(fns, max(3, args.repeats // 3))
+    row = Row(name, ms.pop("zyx"))
+    row.refs.update(ms)
+    return row
+
+
 def _ops_row(name: str, args, zyx_fn: Callable[[], object], torch_fn: Callable[[object], Callable[[], object]],
              arrays: list[np.ndarray]) -> Row:
     """An op beside PyTorch's (when installed): ``torch_fn`` maps the torch tensors of ``arrays`` to a call."""
-    row = Row(name, median_ms(zyx_fn, args.repeats))
     torch = _torch()
-    if torch is not None:
-        fn = torch_fn(torch, *[torch.from_numpy(a.copy()) for a in arrays])
-        row.refs["torch"] = median_ms(fn, args.repeats)
-    return row
+    fn = None if torch is None else torch_fn(torch, *[torch.from_numpy(a.copy()) for a in arrays])
+    return _beside_torch(name, args, zyx_fn, fn)
 
 
 @case
@@ -684,8 +693,7 @@ def _conv_step_row(name: str, x: np.ndarray, w: np.ndarray, g: np.ndarray, args,
         loss.backward()
         zyx.realize(loss, X.grad, W.grad)
 
-    row = Row(name, median_ms(step_zyx, args.repeats))
-    torch = _torch()
+    torch, step_torch = _torch(), None
     if torch is not None:
         tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
         tg = torch.from_numpy(g)
@@ -694,8 +702,7 @@ def _conv_step_row(name: str, x: np.ndarray, w: np.ndarray, g: np.ndarray, args,
             tx.grad = tw.grad = None
             (torch.nn.functional.conv2d(tx, tw, **conv) * tg).sum().backward()
 
-        row.refs["torch"] = median_ms(step_torch, args.repeats)
-    return row
+    return _beside_torch(name, args, step_zyx, step_torch)
 
 
 @case
@@ -747,14 +754,10 @@ def conv_transpose2d(args) -> Row:
     x = rng.standard_normal((32, 64, 16, 16), dtype=np.float32)
     w = rng.standard_normal((64, 32, 4, 4), dtype=np.float32)
     X, W = zyx.Tensor(x).realize(), zyx.Tensor(w).realize()
-    row = Row("conv_transpose2d 32x64x16x16 * 64x32x4x4 s2 p1 f32",
-              median_ms(lambda: F.conv_transpose2d(X, W, stride=2, padding=1).realize(), args.repeats))
-    torch = _torch()
-    if torch is not None:
-        tx, tw = torch.from_numpy(x), torch.from_numpy(w)
-        row.refs["torch"] = median_ms(lambda: torch.nn.functional.conv_transpose2d(tx, tw, stride=2, padding=1),
-                                      args.repeats)
-    return row
+    return _ops_row("conv_transpose2d 32x64x16x16 * 64x32x4x4 s2 p1 f32", args,
+                    lambda: F.conv_transpose2d(X, W, stride=2, padding=1).realize(),
+                    lambda torch, tx, tw: lambda: torch.nn.functional.conv_transpose2d(tx, tw, stride=2, padding=1),
+                    [x, w])
 
 
 @case
@@ -774,8 +777,7 @@ def max_pool2d_backward(args) -> Row:
         loss.backward()
         zyx.realize(loss, X.grad)
 
-    row = Row("max_pool2d 3x3 s2 16x64x56x56, forward + gradient", median_ms(step_zyx, args.repeats))
-    torch = _torch()
+    torch, step_torch = _torch(), None
     if torch is not None:
         tx, tg = torch.tensor(x, requires_grad=True), torch.from_numpy(g)
 
@@ -783,8 +785,7 @@ def max_pool2d_backward(args) -> Row:
             tx.grad = None
             (torch.nn.functional.max_pool2d(tx, 3, 2, 1) * tg).sum().backward()
 
-        row.refs["torch"] = median_ms(step_torch, args.repeats)
-    return row
+    return _beside_torch("max_pool2d 3x3 s2 16x64x56x56, forward + gradient", args, step_zyx, step_torch)
 
 
 @case
