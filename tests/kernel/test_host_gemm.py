@@ -622,6 +622,44 @@ def test_costly_factors_of_a_contraction_are_stored():
         assert len(kernels_of((H * 0.5) @ W)) == 1
 
 
+def _permuted_columns_kernel(m: int, kk: int, third: int, split: bool, d) -> Kernel:
+    """``a @ b[:, perm]`` with ``perm[j] = (j % 3) * third + j // 3`` (no affine column index: the pack runs along
+    k), the columns in one loop or two (``split``)."""
+    n = 3 * third
+    i, r = ir.range_(0, m), ir.range_(2, kk)
+    cols = (ir.range_(1, 3), ir.range_(3, third)) if split else (ir.range_(1, n),)
+    j = cols[0] * third + cols[1] if split else cols[0]
+    stored = (j % 3) * third + j // 3
+    red = ir.reduce(Ops.ADD, ir.alu(Ops.MUL, ir.load(1, d, i * kk + r), ir.load(2, d, r * n + stored)), (r,))
+    return Kernel("k", (Param("p0", d, "out", m * n), Param("p1", d, "in", m * kk), Param("p2", d, "in", kk * n)),
+                  (i, *cols), (Store(0, i * n + j, red),))
+
+
+_F32, _F64 = dtypes.float32, dtypes.float64
+
+
+@pytest.mark.parametrize("nr,dtype,kk,third,split,chunk", [
+    (16, _F32, 50, 7, False, 64), (16, _F32, 37, 5, True, 7), (8, _F32, 23, 11, True, 64), (4, _F64, 19, 6, False, 3),
+    (8, _F64, 64, 9, True, 16), (32, _F32, 40, 12, False, 64)])
+def test_a_pack_along_k_transposes_blocks_through_registers(nr, dtype, kk, third, split, chunk, monkeypatch):
+    """A pack along k stages each chunk column by column, contiguous along k, and stores it into the micro-panel in
+    nr x nr blocks transposed through vector shuffles (``render.transpose_staged``; the rest of a chunk element
+    by element): for 4, 8 and 16-wide panels of float32 or float64, chunks and columns that the blocks do not
+    divide, one column loop or two. Other widths pack straight. The product is NumPy's."""
+    monkeypatch.setattr(opt, "GEMM_MIN_WORK", 1)
+    monkeypatch.setattr(opt, "GEMM_PACK_K_CHUNK", chunk)
+    m = 9
+    k = _permuted_columns_kernel(m, kk, third, split, dtype)
+    rng = np.random.default_rng(kk * third)
+    a, b = (rng.standard_normal(s).astype(NP[dtype]) for s in ((m, kk), (kk, 3 * third)))
+    out, ko = _run_kernel(k, [a, b], {"gemm_mr": 4, "gemm_nr": nr, "gemm_nc": 512, "gemm_kc": kk})
+    assert ko.gemm is not None and ko.gemm.pack_k_inner and ko.gemm.nr == nr
+    src = CRenderer().render(ko)
+    assert ("__builtin_shuffle" in src and "ztmp[" in src) == (nr in (4, 8, 16))
+    perm = [(c % 3) * third + c // 3 for c in range(3 * third)]
+    _check(out, a.astype(np.float64) @ b[:, perm].astype(np.float64), dtype, kk)
+
+
 @pytest.mark.parametrize("stride,kernel,padding", [(1, 3, 1), (2, 7, 3), (1, (2, 3), 0)])
 def test_a_weight_gradient_packs_along_k_and_matches_torch(stride, kernel, padding, monkeypatch):
     """A convolution's weight gradient is a GEMM whose columns are (input channel, tap) and whose k runs over the

@@ -932,21 +932,34 @@ class CRenderer(CStyleRenderer):
         i4 = i3 + "  "
         lines.append(f"{i4}{rt} *zb = zpk + zp * {kc * nr};")
         several = len(g.cols) > 1  # column loops: packed and stored in runs along the innermost (``segments``)
+        # a pack along k stages each chunk in ``ztmp`` (one row per column, contiguous along k) and transposes it
+        # into the micro-panel in square blocks (``transpose_staged``): stored straight, every value of a column
+        # went to its own line of the panel, a stride of nr apart
+        staged = g.pack_k_inner and rt in ("float", "double") and nr in (4, 8, 16)
+        k_lo, k_hi = ("zk0", "zk1") if g.k_chunk else ("0", "zkc")
         if several:  # zero past the last column
             lines.append(f"{i4}const {it} zs0 = zjc + zp * {nr};")
             lines.append(f"{i4}const int zw = {n} - zs0 < {nr} ? (int)({n} - zs0) : {nr};")
-            if n % nr:
+            if n % nr and not staged:
                 lines.append(f"{i4}for ({it} zk = 0; zk < zkc; zk++) for (int zj = zw; zj < {nr}; zj++) "
                              f"zb[zk * {nr} + zj] = {zero};")
         if g.k_chunk:  # every column of the micro-panel per chunk of k: its stores stay within the L1 cache
             lines.append(f"{i4}for ({it} zk0 = 0; zk0 < zkc; zk0 += {g.k_chunk}) {{")
             lines.append(f"{i4}  const {it} zk1 = zkc - zk0 < {g.k_chunk} ? zkc : zk0 + {g.k_chunk};")
             i4 += "  "
+        if staged:
+            lines.append(f"{i4}{rt} ztmp[{nr}][{g.k_chunk or kc}];")
+            if several and n % nr:
+                lines.append(f"{i4}for (int zj = zw; zj < {nr}; zj++) for ({it} zk = {k_lo}; zk < {k_hi}; zk++) "
+                             f"ztmp[zj][zk - {k_lo}] = {zero};")
+
+        def to_panel(column: str) -> str:
+            return f"ztmp[{column}][zk - {k_lo}]" if staged else f"zb[zk * {nr} + {column}]"
+
         if several:
 
             def pack_run(ind: str) -> None:
-                pack(ind, ("int", "zt", "zl", [f"const {it} {rn} = zo + zt;"]), f"zb[zk * {nr} + zj + zt]",
-                     base="zo")
+                pack(ind, ("int", "zt", "zl", [f"const {it} {rn} = zo + zt;"]), to_panel("zj + zt"), base="zo")
 
             segments("zs0", "zw", i4, pack_run)
         # a whole micro-panel needs no clamped column index: its loads stay affine in zj, so a right operand
@@ -962,13 +975,15 @@ class CRenderer(CStyleRenderer):
             else:
                 lines.append(f"{i4}if (zjc + zp * {nr} + {nr} <= {n}) {{" if whole else f"{i4}else {{")
             if whole:
-                pack(i5, (it, "zj", str(nr), [f"const {it} {rn} = zjc + zp * {nr} + zj;"]), f"zb[zk * {nr} + zj]",
+                pack(i5, (it, "zj", str(nr), [f"const {it} {rn} = zjc + zp * {nr} + zj;"]), to_panel("zj"),
                      base=f"zjc + zp * {nr}")
             else:
                 pack(i5, (it, "zj", str(nr), [f"const {it} zn = zjc + zp * {nr} + zj;",
                                           f"const {it} {rn} = zn < {n} ? zn : {n - 1};"]),
-                     f"zb[zk * {nr} + zj]", f"zn < {n}")
+                     to_panel("zj"), f"zn < {n}")
             lines.append(f"{i4}}}")
+        if staged:
+            lines.extend(transpose_staged(i4, rt, nr, k_lo, k_hi, it))
         if g.k_chunk:
             i4 = i4[:-2]
             lines.append(f"{i4}}}")
@@ -1096,6 +1111,40 @@ def _tiling_lanes(lanes: int, lo: str, hi: str) -> int:
     n = int(hi) - int(lo)
     fewer = tuple(x for x in (lanes // 2, lanes // 4) if x >= MIN_TILING_LANES)
     return next((x for x in (lanes, *fewer) if n % x == 0), 0)
+
+
+def transpose_staged(ind: str, rt: str, nr: int, k_lo: str, k_hi: str, it: str) -> list[str]:
+    """C statements storing the staged chunk ``ztmp[j][k - k_lo]`` (``nr`` columns by the chunk's k) into the
+    micro-panel as ``zb[k * nr + j]``, for ``k`` in ``[k_lo, k_hi)``. With GCC, ``nr`` x ``nr`` blocks go through
+    registers: a butterfly of ``log2(nr)`` stages of two-vector shuffles (``__builtin_shuffle``; on AVX-512 one
+    ``vpermt2ps`` each), every load and store a whole vector. The rest of the chunk, and other compilers, copy
+    element by element."""
+    lines = [f"{ind}{{", f"{ind}  const {it} zkn = {k_hi} - {k_lo};", f"{ind}  {it} zkb = 0;"]
+    lines.append("#if defined(__GNUC__) && !defined(__clang__)")
+    idx = "int" if rt == "float" else "long long"
+    size = nr * (4 if rt == "float" else 8)
+    lines.append(f"{ind}  typedef {rt} zv __attribute__((vector_size({size})));")
+    lines.append(f"{ind}  typedef {idx} zm __attribute__((vector_size({size})));")
+    lines.append(f"{ind}  for (; zkb + {nr} <= zkn; zkb += {nr}) {{")
+    lines.append(f"{ind}    zv zr[{nr}];")
+    lines.append(f"{ind}    for (int zj = 0; zj < {nr}; zj++) memcpy(&zr[zj], &ztmp[zj][zkb], sizeof(zv));")
+    b = nr // 2
+    while b:
+        lo = ", ".join(str(i if not i & b else nr + i - b) for i in range(nr))
+        hi = ", ".join(str(i + b if not i & b else nr + i) for i in range(nr))
+        lines.append(f"{ind}    {{ const zm lo = {{{lo}}}, hi = {{{hi}}};")
+        lines.append(f"{ind}      for (int zj = 0; zj < {nr}; zj++) if (!(zj & {b})) {{ const zv a = zr[zj], "
+                     f"c = zr[zj + {b}]; zr[zj] = __builtin_shuffle(a, c, lo); "
+                     f"zr[zj + {b}] = __builtin_shuffle(a, c, hi); }} }}")
+        b //= 2
+    lines.append(f"{ind}    for (int zj = 0; zj < {nr}; zj++) memcpy(&zb[({k_lo} + zkb + zj) * {nr}], &zr[zj], "
+                 "sizeof(zv));")
+    lines.append(f"{ind}  }}")
+    lines.append("#endif")
+    lines.append(f"{ind}  for (; zkb < zkn; zkb++) for (int zj = 0; zj < {nr}; zj++) "
+                 f"zb[({k_lo} + zkb) * {nr} + zj] = ztmp[zj][zkb];")
+    lines.append(f"{ind}}}")
+    return lines
 
 
 _OMP_RED = {Ops.ADD: "+", Ops.MUL: "*", Ops.MAX: "max", Ops.MIN: "min", Ops.OR: "|", Ops.AND: "&"}
