@@ -635,6 +635,25 @@ def _permuted_columns_kernel(m: int, kk: int, third: int, split: bool, d) -> Ker
                   (i, *cols), (Store(0, i * n + j, red),))
 
 
+@pytest.mark.parametrize("ta,tb,batch", [(False, True, 1), (True, True, 1), (False, True, 3), (False, False, 1),
+                                         (True, False, 2)])
+def test_a_right_operand_contiguous_along_k_packs_along_k(ta, tb, batch, monkeypatch):
+    """``x @ W.T``: the right operand is contiguous along k and strided along the columns, so its pack runs along k
+    (and transposes through registers) instead of gathering a column from every line; stored along the columns,
+    it keeps packing along them. The narrow tile stays a weight gradient's (gathered columns): 32 rows of
+    ``x @ W.T`` keep the heuristic's wide tile. The product is NumPy's."""
+    monkeypatch.setattr(opt, "GEMM_MIN_WORK", 1)
+    m, kk, n = 32, 70, 128  # (k past GEMM_SHORT_K, the columns whole micro-panels: no narrow tile for those)
+    k = _mm_kernel(m, kk, n, ta=ta, tb=tb, batch=batch)
+    xs = _inputs(m, kk, n, dtypes.float32, ta, tb, batch)
+    out, ko = _run_kernel(k, xs)
+    assert ko.gemm is not None and ko.gemm.pack_k_inner == tb
+    assert (ko.gemm.mr, ko.gemm.nr) != (opt.GEMM_NARROW_ROWS, 16)
+    a = xs[0].transpose(0, 2, 1) if ta else xs[0]
+    b = xs[1].transpose(0, 2, 1) if tb else xs[1]
+    _check(out, a.astype(np.float64) @ b.astype(np.float64), dtypes.float32, kk)
+
+
 _F32, _F64 = dtypes.float32, dtypes.float64
 
 

@@ -1151,7 +1151,7 @@ def _gemm_defaults(k: Kernel, c: Contraction, info: DeviceInfo) -> dict[str, int
 
 def _gemm_narrow(c: Contraction, n: int, vecs: int, lanes: int, info: DeviceInfo) -> bool:
     """Whether the tile should be ``GEMM_NARROW_ROWS`` rows of one vector instead of ``vecs`` vectors, on a target
-    with 32 vector registers: for a weight gradient (its pack runs along k: ``_gemm_pack_k_inner``) of at most
+    with 32 vector registers: for a weight gradient (``_gemm_columns_gathered``) of at most
     ``GEMM_NARROW_K_INNER_ROWS`` rows; for any other contraction that is short (k <= ``GEMM_SHORT_K``) or whose
     ``n`` columns, rounded up to whole micro-panels of ``vecs`` vectors, would compute over more than ``n / 8``
     columns past the end (196 = 14^2 output positions in panels of 64: 60 more).
@@ -1166,7 +1166,7 @@ def _gemm_narrow(c: Contraction, n: int, vecs: int, lanes: int, info: DeviceInfo
     more, long-k matmuls) it ran 1.00-1.31."""
     if info.vector_registers < 32:
         return False
-    if _gemm_pack_k_inner(c):
+    if _gemm_columns_gathered(c):
         return c.m.arg[1] <= GEMM_NARROW_K_INNER_ROWS
     nr = vecs * lanes
     return c.k.arg[1] <= GEMM_SHORT_K or -(-n // nr) * nr - n > n // 8
@@ -1188,14 +1188,25 @@ def _gemm_wide(k: Kernel, c: Contraction) -> bool:
     return k.wide_acc and c.red.dtype is dtypes.float32
 
 
+def _gemm_columns_gathered(c: Contraction) -> bool:
+    """Whether some load of ``c.b`` has an index that is not affine in the innermost column loop (a convolution's
+    weight gradient: the window's taps as columns)."""
+    return any(ir.affine_coefficient(e.srcs[0], c.n) is None for e in ir.toposort([c.b]) if e.op is Ops.LOAD)
+
+
 def _gemm_pack_k_inner(c: Contraction) -> bool:
     """Whether the pack of ``c.b`` should run k innermost: when some load's index is not affine in the innermost
-    column loop, the columns vectorize no better than k does (and with several column loops their runs are
-    short). A convolution's weight gradient reads the padded input with a window's taps as columns (a 3x3 window:
-    runs of at most 9, indexed by tap / 3 and tap % 3) and the output positions as k. Measured on 2 cores, k
-    innermost: 3x3, 32x32x32^2 input, 64 filters 11.2 -> 6.6 ms (3.3 without packing); 7x7 stride 2 stem 2.05 ->
-    1.4 ms."""
-    return any(ir.affine_coefficient(e.srcs[0], c.n) is None for e in ir.toposort([c.b]) if e.op is Ops.LOAD)
+    column loop (``_gemm_columns_gathered``), the columns vectorize no better than k does (and with several column
+    loops their runs are short). A convolution's weight gradient reads the padded input with a window's taps as
+    columns (a 3x3 window: runs of at most 9, indexed by tap / 3 and tap % 3) and the output positions as k.
+    Measured on 2 cores, k innermost: 3x3, 32x32x32^2 input, 64 filters 11.2 -> 6.6 ms (3.3 without packing); 7x7
+    stride 2 stem 2.05 -> 1.4 ms. Also when every load that depends on the columns is contiguous along k and not
+    along the columns (``x @ W.T``)."""
+    if _gemm_columns_gathered(c):
+        return True
+    loads = [e for e in ir.toposort([c.b]) if e.op is Ops.LOAD and ir.affine_coefficient(e.srcs[0], c.n)]
+    return bool(loads) and all(abs(ir.affine_coefficient(e.srcs[0], c.n)) != 1 and
+                               ir.affine_coefficient(e.srcs[0], c.k) == 1 for e in loads)
 
 
 @dataclass(frozen=True)
