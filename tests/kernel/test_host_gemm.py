@@ -245,19 +245,25 @@ SWEEP = [(29, 70, 83, dtypes.float32, False, True, 2, False), (45, 130, 37, dtyp
 
 @pytest.mark.parametrize("case", SWEEP, ids=lambda c: c[3].name)
 def test_every_search_space_value_computes_the_same(case, monkeypatch):
-    """One parameter at a time over its candidates (and a few odd values), the others the heuristic's."""
+    """One parameter at a time over its candidates (and a few odd values), the others the heuristic's; the pack
+    runs along the columns or along k (``gemm_pack_k``) for any operand."""
     monkeypatch.setattr(opt, "GEMM_MIN_WORK", 1)
     m, kk, n, d, ta, tb, batch, epi = case
     k = _mm_kernel(m, kk, n, d, ta, tb, batch, epi)
     xs = _inputs(m, kk, n, d, ta, tb, batch, seed=1)
     ref = _reference(xs, ta, tb, epi, d)
     space = {name: v for name, v in opt.search_space(k, HOST2).items() if name.startswith("gemm_")}
-    assert set(space) == {"gemm_mr", "gemm_nr", "gemm_nc", "gemm_kc"} | ({"gemm_batch"} if batch >= 2 else set())
-    extra = {"gemm_mr": (1, 5), "gemm_nr": (7, 24), "gemm_nc": (1, 33), "gemm_kc": (1, 37), "gemm_batch": ()}
+    assert set(space) == {"gemm_mr", "gemm_nr", "gemm_nc", "gemm_kc", "gemm_pack_k"} | \
+        ({"gemm_batch"} if batch >= 2 else set())
+    assert space["gemm_pack_k"] == (int(tb), int(not tb))  # the heuristic's direction first (along k for b.T)
+    extra = {"gemm_mr": (1, 5), "gemm_nr": (7, 24), "gemm_nc": (1, 33), "gemm_kc": (1, 37), "gemm_batch": (),
+             "gemm_pack_k": ()}
     for name, values in space.items():
         for v in (*values, *extra[name]):
             out, ko = _run_kernel(k, xs, {name: v})
             assert ko.gemm is not None
+            if name == "gemm_pack_k":
+                assert ko.gemm.pack_k_inner == bool(v)
             _check(out, ref, d, kk)
 
 

@@ -1146,7 +1146,8 @@ def _gemm_defaults(k: Kernel, c: Contraction, info: DeviceInfo) -> dict[str, int
     nr = vecs * lanes
     nc = max(nr, GEMM_PANEL_BYTES // (depth * c.red.dtype.itemsize) // nr * nr)
     nc = min(nc, -(-n // nr) * nr)
-    return {"gemm_mr": mr, "gemm_nr": nr, "gemm_nc": nc, "gemm_kc": kc, "gemm_batch": _gemm_per_batch(k, c, info)}
+    return {"gemm_mr": mr, "gemm_nr": nr, "gemm_nc": nc, "gemm_kc": kc, "gemm_batch": _gemm_per_batch(k, c, info),
+            "gemm_pack_k": int(_gemm_pack_k_inner(c))}
 
 
 def _gemm_narrow(c: Contraction, n: int, vecs: int, lanes: int, info: DeviceInfo) -> bool:
@@ -1287,18 +1288,21 @@ def gemm_search_space(k: Kernel, info: DeviceInfo) -> dict[str, tuple[int, ...]]
              "gemm_nc": first(d["gemm_nc"], GEMM_NC), "gemm_kc": first(d["gemm_kc"], GEMM_KCS)}
     if _gemm_batches(k, c) >= max(2, info.compute_units):
         space["gemm_batch"] = first(d["gemm_batch"], (0, 1))
+    space["gemm_pack_k"] = first(d["gemm_pack_k"], (0, 1))  # either pack direction is correct for any operand
     return space
 
 
 def tile_gemm(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Kernel:
     """Mark a contraction (``gemm_contraction``) for register tiling (``Kernel.gemm``); ``params``
     ``gemm_mr`` / ``gemm_nr`` / ``gemm_nc`` / ``gemm_kc`` override the heuristic (any positive values compute the
-    same result; ``nc`` is rounded to a multiple of ``nr``), and ``gemm_batch`` (0 or 1: ``GemmTile.per_batch``).
+    same result; ``nc`` is rounded to a multiple of ``nr``), ``gemm_batch`` (0 or 1: ``GemmTile.per_batch``) and
+    ``gemm_pack_k`` (0 or 1: ``GemmTile.pack_k_inner``).
     Other kernels are returned unchanged. Call it after ``widen_accumulators`` (the plan depends on ``wide_acc``)."""
     c = gemm_contraction(k)
     if c is None:
         return k
-    chosen = {x: v for x, v in (params or {}).items() if x.startswith("gemm_") and (v or x == "gemm_batch")}
+    chosen = {x: v for x, v in (params or {}).items()
+              if x.startswith("gemm_") and (v or x in ("gemm_batch", "gemm_pack_k"))}
     p = {**_gemm_defaults(k, c, info), **chosen}
     mr, nr = max(1, int(p["gemm_mr"])), max(1, int(p["gemm_nr"]))
     kk, wide = c.k.arg[1], _gemm_wide(k, c)
@@ -1312,7 +1316,7 @@ def tile_gemm(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Kern
     nc = max(nr, int(p["gemm_nc"]) // nr * nr)
     nc = min(nc, -(-n // nr) * nr)
     per_batch = bool(p["gemm_batch"]) and _gemm_batches(k, c) > 1
-    k_inner = _gemm_pack_k_inner(c)
+    k_inner = bool(p["gemm_pack_k"])
     window = None if k_inner or "pack_window" in DISABLED else gate_window(c.b, c.n)
     chunk = GEMM_PACK_K_CHUNK if k_inner and kc > GEMM_PACK_K_CHUNK else 0
     return replace(k, parallel=0, vector=False, gemm=GemmTile(c, mr, nr, nc, kc, partial, direct, cols, per_batch,
