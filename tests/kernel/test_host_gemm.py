@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 
 import numpy as np
 import pytest
@@ -30,17 +31,17 @@ NP = {dtypes.float32: np.float32, dtypes.float64: np.float64, dtypes.int32: np.i
 
 
 def _mm_kernel(m: int, kk: int, n: int, d=dtypes.float32, ta: bool = False, tb: bool = False, batch: int = 1,
-               epilogue: bool = False) -> Kernel:
+               epilogue: bool = False, shared_b: bool = False) -> Kernel:
     """out[b, i, j] = sum_r a[b, i, r] * b[b, r, j] (``ta``/``tb``: the operand is stored transposed), plus
-    ``p3[j]`` and a max with 0 when ``epilogue``."""
+    ``p3[j]`` and a max with 0 when ``epilogue``; ``shared_b``: one ``b`` for every batch index."""
     loops = ((ir.range_(9, batch),) if batch > 1 else ()) + (ir.range_(0, m), ir.range_(1, n))
     i, j, r = loops[-2], loops[-1], ir.range_(2, kk)
     bo = loops[0] if batch > 1 else ir.const(0, ir.index_dtype)
     ia = bo * (m * kk) + (r * m + i if ta else i * kk + r)
-    ib = bo * (kk * n) + (j * kk + r if tb else r * n + j)
+    ib = (ir.const(0, ir.index_dtype) if shared_b else bo * (kk * n)) + (j * kk + r if tb else r * n + j)
     red = ir.reduce(Ops.ADD, ir.alu(Ops.MUL, ir.load(1, d, ia), ir.load(2, d, ib)), (r,))
     params = [Param("p0", d, "out", batch * m * n), Param("p1", d, "in", batch * m * kk),
-              Param("p2", d, "in", batch * kk * n)]
+              Param("p2", d, "in", (1 if shared_b else batch) * kk * n)]
     val = red
     if epilogue:
         params.append(Param("p3", d, "in", n))
@@ -287,6 +288,61 @@ def test_batches_split_among_threads_or_each_batch_shared(per_batch, monkeypatch
     assert ("collapse(2)" in src) is per_batch
     assert src.count("#pragma omp for") == (1 if per_batch else 2)
     np.testing.assert_allclose(got, x @ w, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("shape,perm", [((33, 5, 40), (1, 0, 2)), ((5, 7, 9, 80), (0, 2, 1, 3))])
+def test_a_right_operand_shared_by_the_batches_folds_them_into_the_rows(shape, perm):
+    """A left operand whose batch loops do not merge with its rows (a permuted input) times one right operand
+    for every batch index (a Linear layer): the batch loops and ``c.m`` tile as the rows of one GEMM (one pack of
+    the right operand, not one per batch index; row tiles cross batch boundaries), the flat row split back into
+    the loops innermost fastest. Bit for bit what the per-batch GEMM computes, and NumPy's product. (5 and 45
+    batch indices on 2 threads: the heuristic folds the first (odd and few) and the second (k > ``GEMM_SHORT_K``).)"""
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal((shape[-1], 72)).astype(np.float32)
+    info = HOST2
+    got = {}
+    for fold in (True, False):
+        with host_without_blas(), contextlib.nullcontext() if fold else passes_off("fold_batch"):
+            out = zyx.Tensor(x).permute(*perm) @ zyx.Tensor(w)
+            (k,) = kernels_of(out)
+            ko = opt.optimize(k, info)
+            got[fold] = out.numpy()
+        g = ko.gemm
+        assert g is not None
+        batch = ko.loops[:ko.loops.index(g.c.m)]
+        assert len(batch) == len(shape) - 2
+        if fold:
+            assert g.rows == (*batch, g.c.m) and not g.per_batch
+            assert g.m == math.prod(x.shape[:-1]) and g.m % g.mr != 0  # a row tile crosses a batch boundary
+            src = CRenderer().render(ko)
+            body = src[src.index(f"void {k.name}("):]
+            assert body.count("aligned_alloc") == 1 and body.index("aligned_alloc") < body.index("omp parallel")
+            assert "zr /= " in body and "zrw[0][zi]" in body
+        else:
+            assert g.rows == () and g.m == g.c.m.arg[1]
+    np.testing.assert_array_equal(got[True], got[False])
+    np.testing.assert_allclose(got[True], x.transpose(perm) @ w, rtol=1e-4, atol=1e-4)
+    # every way of running the batch indices (``gemm_batch``, the fold first) computes the same, bit for bit
+    assert opt.search_space(k, info)["gemm_batch"] == (2, 0, 1)
+    by_size = {x.size: x, w.size: w}
+    for mode in (2, 0, 1):
+        out, ko = _run_kernel(k, [by_size[p.size] for p in k.params[1:]], {"gemm_batch": mode}, info=info)
+        assert bool(ko.gemm.rows) is (mode == 2) and ko.gemm.per_batch is (mode == 1)
+        np.testing.assert_array_equal(out, got[True].ravel())
+
+
+def test_a_shared_right_operand_folds_the_batches_unless_short_and_per_batch(monkeypatch):
+    """``gemm_batch`` 2 (the fold) for a right operand every batch index shares, except a short contraction
+    (k <= ``GEMM_SHORT_K``) whose batches the threads would take whole; a right operand per batch index never
+    folds."""
+    monkeypatch.setattr(opt, "GEMM_MIN_WORK", 1)
+    for batch, kk, shared, want in [(32, 384, True, 2), (5, 40, True, 2), (16, 64, True, 1), (16, 65, True, 2),
+                                    (3, 64, True, 2), (16, 384, False, 1), (3, 384, False, 0)]:
+        # a stored transposed: its batch loop does not merge with the rows
+        ko = opt.optimize(_mm_kernel(56, kk, 96, ta=True, batch=batch, shared_b=shared), HOST2)
+        mode = 2 if ko.gemm.rows else int(ko.gemm.per_batch)
+        assert mode == want, (batch, kk, shared)
 
 
 def test_per_batch_heuristic_wants_even_or_many_batches(monkeypatch):

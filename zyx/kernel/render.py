@@ -783,7 +783,7 @@ class CRenderer(CStyleRenderer):
         at = self.acc_type(c.red, k)
         pt = self.reg_type(d)  # the tile's type (float32 partials under float64 accumulators)
         rt = self.reg_type(d)
-        m, n, kk = c.m.arg[1], g.n, c.k.arg[1]
+        m, n, kk = g.m, g.n, c.k.arg[1]
         mr, nr, nc, kc = g.mr, g.nr, g.nc, g.kc
         rm, rn, rk = (f"r{x.arg[0]}" for x in (c.m, c.n, c.k))
         n_inner = c.n.arg[1]  # the innermost column loop's size (``n`` with one column loop)
@@ -811,6 +811,30 @@ class CRenderer(CStyleRenderer):
 
         def operand(x: Expr, name: dict[Expr, str]) -> str:
             return self.literal(x.arg, x.dtype) if x.op is Ops.CONST else name[x]
+
+        def split_rows(ind: str) -> None:
+            """With ``g.rows`` (the batch loops folded into the rows): fill ``zrw[l][zi]``, row loop ``l``'s value
+            at each row ``zi`` of the tile at ``zi0`` (rows past the end clamped to the last), innermost fastest.
+            Once per row tile and thread: consecutive tiles of a thread share their rows across the panels."""
+            lines.append(f"{ind}if (zi0 != zrl) {{")
+            i1 = ind + "  "
+            lines.append(f"{i1}zrl = zi0;")
+            lines.append(f"{i1}for (int zi = 0; zi < {mr}; zi++) {{")
+            i2 = i1 + "  "
+            lines.append(f"{i2}{it} zr = zi0 + zi < {m} ? zi0 + zi : {m - 1};")
+            for level in range(len(g.rows) - 1, 0, -1):
+                size = g.rows[level].arg[1]
+                lines.append(f"{i2}zrw[{level}][zi] = zr % {size}; zr /= {size};")
+            lines.append(f"{i2}zrw[0][zi] = zr;")
+            lines.append(f"{i1}}}")
+            lines.append(f"{ind}}}")
+
+        def row(ind: str, at: str) -> None:
+            """Define the row loops' variables at row ``at`` of the tile (``zi0 + at``, clamped to the last row)."""
+            if g.rows:
+                lines.extend(f"{ind}const {it} r{r.arg[0]} = zrw[{level}][{at}];" for level, r in enumerate(g.rows))
+            else:
+                lines.append(f"{ind}const {it} {rm} = zi0 + {at} < {m} ? zi0 + {at} : {m - 1};")
 
         def fma(a: str, b: str, acc: str) -> str:
             if d is dtypes.float32:
@@ -911,7 +935,7 @@ class CRenderer(CStyleRenderer):
         lines.append(f"{ind}#pragma omp parallel num_threads(zyx_threads(64))")
         lines.append(f"{ind}{{")
         i1 = ind + "  "
-        batch = k.loops[:k.loops.index(c.m)]
+        batch = [] if g.rows else k.loops[:k.loops.index(c.m)]
         if g.per_batch:
             allocate(i1)
             collapse = f" collapse({len(batch)})" if len(batch) > 1 else ""
@@ -990,11 +1014,15 @@ class CRenderer(CStyleRenderer):
         lines.append(f"{i3}}}")
         # the tiles of the panel, row tiles outer (a thread keeps its rows of the left operand while it sweeps)
         nt = -(-m // mr)
+        if g.rows:
+            lines.append(f"{i3}{it} zrw[{len(g.rows)}][{mr}], zrl = -1;")
         if share:
             lines.append(f"{i3}{share}")
         lines.append(f"{i3}for ({it} zt = 0; zt < {nt} * znp; zt++) {{")
         lines.append(f"{i4}const {it} zi0 = (zt / znp) * {mr}, zp = zt % znp;")
         lines.append(f"{i4}const {rt} *zb = zpk + zp * {kc * nr};")
+        if g.rows:
+            split_rows(i4)
         if g.partial:
             lines.append(f"{i4}{at} zd[{mr}][{nr}];")
             lines.append(f"{i4}for (int zi = 0; zi < {mr}; zi++) for (int zj = 0; zj < {nr}; zj++) zd[zi][zj] = 0;")
@@ -1016,7 +1044,7 @@ class CRenderer(CStyleRenderer):
         for i in range(mr):  # unrolled rows: one broadcast of the left operand per row and k
             lines.append(f"{ik}{{")
             ir_ = ik + "  "
-            lines.append(f"{ir_}const {it} {rm} = zi0 + {i} < {m} ? zi0 + {i} : {m - 1};")
+            row(ir_, str(i))
             name = {}
             values([c.a], ir_, name)
             lines.append(f"{ir_}const {rt} za = {operand(c.a, name)};")
@@ -1034,8 +1062,12 @@ class CRenderer(CStyleRenderer):
         lines.append(f"{i4}const int zjn = {n} - zj0 < {nr} ? (int)({n} - zj0) : {nr};")
         lines.append(f"{i4}for (int zi = 0; zi < {mr}; zi++) {{")
         i5 = i4 + "  "
-        lines.append(f"{i5}const {it} {rm} = zi0 + zi;")
-        lines.append(f"{i5}if ({rm} >= {m}) break;")
+        if g.rows:
+            lines.append(f"{i5}if (zi0 + zi >= {m}) break;")
+            row(i5, "zi")
+        else:
+            lines.append(f"{i5}const {it} {rm} = zi0 + zi;")
+            lines.append(f"{i5}if ({rm} >= {m}) break;")
 
         def store_run(ind: str, column: str) -> None:
             """The stores of the columns ``zt`` of a run: the innermost loop's ``rn`` is ``column``."""
