@@ -49,7 +49,8 @@ def _mm_kernel(m: int, kk: int, n: int, d=dtypes.float32, ta: bool = False, tb: 
     return Kernel("k", tuple(params), loops, (Store(0, bo * (m * n) + i * n + j, val),))
 
 
-def _inputs(m: int, kk: int, n: int, d, ta: bool, tb: bool, batch: int, seed: int = 0) -> list[np.ndarray]:
+def _inputs(m: int, kk: int, n: int, d, ta: bool, tb: bool, batch: int, seed: int = 0,
+            shared_b: bool = False) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     t = NP[d]
 
@@ -58,8 +59,8 @@ def _inputs(m: int, kk: int, n: int, d, ta: bool, tb: bool, batch: int, seed: in
             return rng.integers(-50, 50, shape).astype(t)
         return rng.standard_normal(shape).astype(t)
 
-    return [rand(batch, kk, m) if ta else rand(batch, m, kk), rand(batch, n, kk) if tb else rand(batch, kk, n),
-            rand(n)]
+    nb = 1 if shared_b else batch
+    return [rand(batch, kk, m) if ta else rand(batch, m, kk), rand(nb, n, kk) if tb else rand(nb, kk, n), rand(n)]
 
 
 def _reference(xs: list[np.ndarray], ta: bool, tb: bool, epilogue: bool, d) -> np.ndarray:
@@ -398,19 +399,37 @@ def test_tensor_matmuls_agree_with_gemm_off(kind):
     np.testing.assert_allclose(off, ref, rtol=tol, atol=tol)
 
 
-@settings(max_examples=12, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=16, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 @given(m=st.integers(1, 40), kk=st.integers(1, 90), n=st.integers(1, 80), batch=st.integers(1, 3),
        ta=st.booleans(), tb=st.booleans(), epi=st.booleans(), d=st.sampled_from(list(NP)),
-       mr=st.sampled_from(opt.GEMM_MR), vecs=st.sampled_from(opt.GEMM_NR), kc=st.integers(1, 64))
-def test_random_contractions_match_numpy(m, kk, n, batch, ta, tb, epi, d, mr, vecs, kc, monkeypatch):
-    """Random shapes (tiny ones too: the work threshold is off), layouts and tiles."""
+       mr=st.sampled_from(opt.GEMM_MR), vecs=st.sampled_from(opt.GEMM_NR), kc=st.integers(1, 64),
+       shared=st.booleans(), mode=st.sampled_from((0, 1, 2)))
+def test_random_contractions_match_numpy(m, kk, n, batch, ta, tb, epi, d, mr, vecs, kc, shared, mode, monkeypatch):
+    """Random shapes (tiny ones too: the work threshold is off), layouts, tiles and ways of running the batch
+    indices (``gemm_batch``; ``shared``: one right operand for every batch index, which the fold needs)."""
     monkeypatch.setattr(opt, "GEMM_MIN_WORK", 1)
-    k = _mm_kernel(m, kk, n, d, ta, tb, batch, epi)
-    xs = _inputs(m, kk, n, d, ta, tb, batch, seed=m * n + kk)
-    params = {"gemm_mr": mr, "gemm_nr": vecs * 64 // d.itemsize, "gemm_kc": kc}
+    k = _mm_kernel(m, kk, n, d, ta, tb, batch, epi, shared)
+    xs = _inputs(m, kk, n, d, ta, tb, batch, seed=m * n + kk, shared_b=shared)
+    params = {"gemm_mr": mr, "gemm_nr": vecs * 64 // d.itemsize, "gemm_kc": kc, "gemm_batch": mode}
     out, ko = _run_kernel(k, xs, params)
     assert (ko.gemm is not None) == (opt.gemm_contraction(opt.merge_loops(opt.drop_unit_loops(k))) is not None)
     _check(out, _reference(xs, ta, tb, epi, d), d, kk)
+
+
+@settings(max_examples=10, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@given(m=st.integers(2, 30), kk=st.integers(4, 90), n=st.integers(8, 80), batch=st.integers(2, 5),
+       tb=st.booleans(), epi=st.booleans(), d=st.sampled_from(list(NP)), mr=st.sampled_from(opt.GEMM_MR),
+       vecs=st.sampled_from(opt.GEMM_NR), kc=st.integers(1, 64))
+def test_random_folded_contractions_match_numpy(m, kk, n, batch, tb, epi, d, mr, vecs, kc, monkeypatch):
+    """The fold (``gemm_batch`` 2) on random shapes and tiles (those ``gemm_contraction`` takes): row tiles
+    crossing batch boundaries, rows fewer than a tile, k in blocks (``kc``)."""
+    monkeypatch.setattr(opt, "GEMM_MIN_WORK", 1)
+    k = _mm_kernel(m, kk, n, d, True, tb, batch, epi, shared_b=True)  # a transposed: a batch apart from the rows
+    xs = _inputs(m, kk, n, d, True, tb, batch, seed=m * n + kk, shared_b=True)
+    params = {"gemm_mr": mr, "gemm_nr": vecs * 64 // d.itemsize, "gemm_kc": kc, "gemm_batch": 2}
+    out, ko = _run_kernel(k, xs, params)
+    assert ko.gemm is not None and ko.gemm.rows
+    _check(out, _reference(xs, True, tb, epi, d), d, kk)
 
 
 def test_fuzz_reaches_the_pass(monkeypatch):
