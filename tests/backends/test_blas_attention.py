@@ -46,6 +46,8 @@ CASES = [  # b, h, L, S, E, Ev
     (1, 1, 300, 700, 16, 24),  # one batch index: query rows split into blocks over the threads
     (3, 12, 56, 56, 32, 32),
     (4, 4, 1, 300, 32, 16),  # one query row
+    (2, 2, 5, 3, 8, 8),  # three keys: a scores row of 3 padded to a vector (``AttentionPlan.padded_s``)
+    (1, 2, 9, 64, 16, 16),  # rows of whole vectors: no padding
 ]
 
 
