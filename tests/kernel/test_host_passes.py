@@ -6,6 +6,7 @@ does not reassociate sums) and match NumPy."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -262,8 +263,10 @@ def test_masked_softmax_and_layernorm_stash_their_row_values():
     rng = np.random.default_rng(1)
     x = zyx.Tensor(rng.standard_normal((2, 3, 56, 56)).astype(np.float32)).realize()
     m = zyx.Tensor(np.where(rng.random((2, 1, 1, 56)) < 0.2, -1e9, 0).astype(np.float32)).realize()
+    plain = CRenderer()
+    plain.tail_bytes = 0  # each loop rendered once (no overlapped last vector: ``CRenderer.tail_bytes``)
     (k,) = _kernels(lambda: (x * 0.125 + m).softmax(-1).numpy())
-    body = CRenderer().render(opt.optimize(k, HOST2))
+    body = plain.render(opt.optimize(k, HOST2))
     body = body[body.rindex("\nvoid "):]
     assert body.count("zyx_expf(") == 1 and body.count("* 0.125f") == 1  # scale * x + mask once per element
     a = zyx.Tensor(rng.standard_normal((4, 56, 384)).astype(np.float32)).realize()
@@ -275,9 +278,80 @@ def test_masked_softmax_and_layernorm_stash_their_row_values():
         return (d / ((d * d).mean(-1, keepdim=True) + 1e-12).sqrt()).numpy()
 
     (k,) = _kernels(ln)
-    body = CRenderer().render(opt.optimize(k, HOST2))
+    body = plain.render(opt.optimize(k, HOST2))
     body = body[body.rindex("\nvoid "):]
     assert body.count(" + v") >= 1 and body.count("p1[") == 1 and body.count("p2[") == 1  # a + b once
+
+
+# ---- overlapped vector tails (``CRenderer.tail_bytes``) ------------------------------------------------------
+
+@contextlib.contextmanager
+def _tails_off():
+    """Within the block the host renders every simd loop whole (no overlapped last vector)."""
+    from zyx.backends.registry import registry
+    from zyx.graph import schedule
+
+    dev = next(d for d in registry().get("host").devices if d.info().kind == "host")
+    saved, dev.renderer.tail_bytes = dev.renderer.tail_bytes, 0
+    schedule.clear_cache()
+    try:
+        yield
+    finally:
+        dev.renderer.tail_bytes = saved
+        schedule.clear_cache()
+
+
+def test_a_short_row_runs_whole_vectors_then_its_last_vector_again():
+    """A softmax over rows of 56 float32: each loop along the row runs 48 (three vectors of 16), then 40..56 (the
+    last vector again); only the iterations past 48 accumulate there (the maximum and its NaN flag see -inf,
+    the sum 0), and the stores of 40..48 store what they stored. Rows of 64 keep whole loops, and so do cheap
+    elements (a row sum)."""
+    x = zyx.Tensor(np.random.default_rng(3).standard_normal((8, 56)).astype(np.float32)).realize()
+    (k,) = _kernels(lambda: x.softmax(-1).numpy())
+    body = CRenderer().render(opt.optimize(k, HOST2))
+    body = body[body.rindex("\nvoid "):]
+    assert len(re.findall(r"for \(long long (r\d+) = 0; \1 < 48; \1\+\+\)", body)) == 3
+    assert len(re.findall(r"for \(long long (r\d+) = 40; \1 < 56; \1\+\+\)", body)) == 3
+    assert "zyx__sel32(r" in body and ">= 48, " in body and "(-INFINITY))" in body and ", 0.0f)" in body
+    y = zyx.Tensor(np.ones((8, 64), np.float32)).realize()
+    (k,) = _kernels(lambda: y.softmax(-1).numpy())
+    whole = CRenderer().render(opt.optimize(k, HOST2))
+    assert ">= 48" not in whole and "< 64;" in whole
+    (k,) = _kernels(lambda: x.sum(-1).numpy())
+    assert ">= 48" not in CRenderer().render(opt.optimize(k, HOST2))
+
+
+def _tail_programs(n: int):
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal((5, 3, n)) * 3).astype(np.float32)
+    x[0, 0, n - 12] = np.nan  # in the overlap of a 16-wide last vector (56, 77)
+    x[1, 2, n - 1] = np.inf
+    x[2, 1, :] = -np.inf
+    x[3, 0, n - 3] = 1e30
+    X, D, H = (zyx.Tensor(x.astype(t)).realize() for t in (np.float32, np.float64, np.float16))
+    return {
+        "softmax": lambda: X.softmax(-1).numpy(),
+        "log_softmax_f64": lambda: D.log_softmax(-1).numpy(),
+        "softmax_f16": lambda: H.softmax(-1).numpy(),
+        "max_min_argmax": lambda: [X.max(-1).numpy(), X.min(-1).numpy(), X.argmax(-1).numpy()],
+        "costly_sums": lambda: [X.exp().sum(-1).numpy(), (X / 7).sum(-1).numpy(), (X * X).tanh().prod(-1).numpy()],
+        "layernorm": lambda: zyx.nn.functional.layer_norm(X, (n,)).numpy(),
+    }
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("n", [23, 56, 77])
+@pytest.mark.parametrize("name", list(_tail_programs(23)))
+def test_overlapped_tails_agree_with_whole_loops(n, name):
+    """Rows of 23, 56 and 77 (a last vector overlapping 9, 8 and 3 of the whole ones; NaN, infinities and a row of
+    -inf among them) computed with overlapped tails and with whole loops: maxima, minima and their positions
+    equal; sums and products within rounding (the tail's partial sums associate anew)."""
+    fn = _tail_programs(n)[name]
+    on = _run(fn)
+    with _tails_off():
+        off = _run(fn)
+    for a, b in zip(on, off):
+        _same(a, b, exact=not np.issubdtype(a.dtype, np.floating) or name == "max_min_argmax")
 
 
 def _two_outputs(X):
