@@ -1040,8 +1040,10 @@ class GemmTile:
     split the ``mr`` x ``nr`` tiles of the panel (two barriers per panel and k block). With ``per_batch`` each
     thread takes whole batch indices instead and packs into a buffer of its own: no barrier inside (for many
     batch indices, where barriers add up; when the OpenMP runtime sleeps in them they cost more than the
-    arithmetic). A tile accumulates ``c.a`` (evaluated in place, rows past the end clamped to the last row and
-    discarded) times the micro-panel in a local array that the C compiler keeps in vector registers. ``kc`` < k
+    arithmetic). With ``rows`` (a right operand every batch index shares) the batch loops and ``c.m`` are the
+    rows of one GEMM: one pack per panel, row tiles across batch boundaries. A tile accumulates ``c.a``
+    (evaluated in place, rows past the end clamped to the last row and discarded) times the micro-panel in a
+    local array that the C compiler keeps in vector registers. ``kc`` < k
     only when ``direct`` (the one store writes the reduce itself, in its dtype, not widened): the blocks then add
     into the output. ``partial`` > 0 (wide float32 accumulators): the tile sums ``partial`` k in float32, then
     adds them into a float64 tile. Sums reassociate; products are the same."""

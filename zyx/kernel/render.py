@@ -842,7 +842,8 @@ class CRenderer(CStyleRenderer):
         """The loop nest of a register-tiled contraction (``opt.GemmTile`` ``g``): inside one parallel region,
         per batch index, column panel and k block, the threads pack ``g.c.b`` into ``zpk`` (``nr``-wide
         micro-panels, k-major, zero past the last column), then share the ``mr`` x ``nr`` tiles (``g.per_batch``:
-        each thread takes whole batch indices and has a ``zpk`` of its own, with no worksharing inside); a tile
+        each thread takes whole batch indices and has a ``zpk`` of its own, with no worksharing inside; with
+        ``g.rows`` there are no batch loops left: they run inside the rows, ``split_rows``); a tile
         accumulates in ``zc`` (a local array of constant shape that gcc keeps in vector registers), then the
         stores run per element of the tile with the reduce read from it."""
         c = g.c
