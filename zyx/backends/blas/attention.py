@@ -44,14 +44,14 @@ _KERNEL = r"""
 typedef void (*zyx_{t}gemm_fn)(int, int, int, I, I, I, {real}, const {real} *, I, const {real} *, I, {real},
                                {real} *, I);
 void zyx_attention_{t}(zyx_{t}gemm_fn fn, zyx_local_threads local, int threads, I batch, I L, I S, I E, I Ev,
-                       I rows, const {real} *q, int qt, I qld, const {real} *k, int kt, I kld, const {real} *v,
+                       I rows, I Sp, const {real} *q, int qt, I qld, const {real} *k, int kt, I kld, const {real} *v,
                        int vt, I vld, const {real} *mask, long long ml, long long ms, {real} scale,
                        const long long *offsets, {real} *scratch, {real} *out) {{
     I blocks = (L + rows - 1) / rows;
     I tasks = batch * blocks;
     if (tasks <= 0) return;
     int team = (I)threads < tasks ? threads : (int)tasks;
-    const I Sp = (S + {lanes} - 1) / {lanes} * {lanes};  /* a scores row padded to whole vectors */
+    /* Sp: a scores row's length in the scratch tile, S padded to whole vectors (AttentionPlan.padded_s) */
     #pragma omp parallel num_threads(team)
     {{
         int previous = local ? local(1) : 0;
@@ -97,8 +97,8 @@ void zyx_attention_{t}(zyx_{t}gemm_fn fn, zyx_local_threads local, int threads, 
 def source(int_type: type) -> str:
     """C source of ``zyx_attention_s`` / ``zyx_attention_d`` for CBLAS integers of ``int_type``."""
     c_int = "long long" if ctypes.sizeof(int_type) == 8 else "int"
-    kernels = "".join(_KERNEL.format(t=t, real=real, exp=exp, lanes=ROW_ALIGN // size)
-                      for t, real, exp, size in (("s", "float", "zyx_expf", 4), ("d", "double", "zyx_exp", 8)))
+    kernels = "".join(_KERNEL.format(t=t, real=real, exp=exp)
+                      for t, real, exp in (("s", "float", "zyx_expf"), ("d", "double", "zyx_exp")))
     return _SOURCE.format(int=c_int, prelude=C_MATH_PRELUDE, kernels=kernels)
 
 
@@ -178,7 +178,7 @@ class AttentionRunner:
         self._local = ctypes.cast(local_threads, ctypes.c_void_p).value if local_threads is not None else None
         i, p, c = int_type, ctypes.c_void_p, ctypes.c_int
         for fn, _, real in self._fns.values():
-            fn.argtypes = [p, p, c, i, i, i, i, i, i, p, c, i, p, c, i, p, c, i, p, ctypes.c_longlong,
+            fn.argtypes = [p, p, c, i, i, i, i, i, i, i, p, c, i, p, c, i, p, c, i, p, ctypes.c_longlong,
                            ctypes.c_longlong, real, p, p, p]
             fn.restype = None
 
@@ -195,8 +195,8 @@ class AttentionRunner:
         fn, blas, _ = self._fns[plan.dtype.itemsize]
         ml, ms = plan.mask if plan.mask is not None else (0, 0)
         fn(blas, self._local, prep.threads, math.prod(plan.batch), plan.L, plan.S, plan.E, plan.Ev, prep.rows,
-           q, int(plan.q[0]), plan.q[1], k, int(plan.k[0]), plan.k[1], v, int(plan.v[0]), plan.v[1], mask, ml, ms,
-           plan.scale, prep.offsets.ctypes.data, prep.scratch.ctypes.data, out)
+           plan.padded_s, q, int(plan.q[0]), plan.q[1], k, int(plan.k[0]), plan.k[1], v, int(plan.v[0]), plan.v[1],
+           mask, ml, ms, plan.scale, prep.offsets.ctypes.data, prep.scratch.ctypes.data, out)
 
 
 @dataclass(frozen=True)
