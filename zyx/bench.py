@@ -405,6 +405,29 @@ def softmax(args) -> Row:
     return _streaming_row(f"softmax rows {x.shape[0]}x{x.shape[1]} f32", args, fns)
 
 
+@case
+def softmax_short_rows(args) -> Row:
+    """A softmax over short rows: the attention scores of 32 sentences x 12 heads x 56 tokens (MiniLM's shapes),
+    rows of 56 (not a whole number of 16-float vectors: ``CRenderer.tail_bytes``). 4.8 MB per library, all three
+    in the cache together: timed in turns (``interleaved_medians``)."""
+    x = np.random.default_rng(2).standard_normal((32 * 12 * 56, 56)).astype(np.float32)
+    X = zyx.Tensor(x).realize()
+
+    def np_softmax():
+        e = np.exp(x - x.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    fns: dict[str, Callable[[], object]] = {"zyx": lambda: X.softmax(-1).realize(), "numpy": np_softmax}
+    torch = _torch()
+    if torch is not None:
+        t = torch.from_numpy(x.copy())
+        fns["torch"] = lambda: torch.softmax(t, -1)
+    ms = interleaved_medians(fns, max(args.repeats, 15), warmup=3)
+    row = Row(f"softmax rows {x.shape[0]}x{x.shape[1]} f32 (attention scores)", ms.pop("zyx"))
+    row.refs.update(ms)
+    return row
+
+
 class _GeneratedOnly:
     """Within the block, the host has no BLAS device: matmuls take the generated path."""
 
