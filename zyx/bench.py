@@ -389,29 +389,8 @@ def embedding_backward(args) -> Row:
     return _ops_row(f"embedding {v}x{d} backward, 64x128 lookups f32", args, step, torch_step, [w, idx, g])
 
 
-@case
-def softmax(args) -> Row:
-    x, X = _square(args)
-
-    def np_softmax():
-        e = np.exp(x - x.max(axis=1, keepdims=True))
-        return e / e.sum(axis=1, keepdims=True)
-
-    fns: dict[str, Callable[[], object]] = {"zyx": lambda: X.softmax(-1).realize(), "numpy": np_softmax}
-    torch = _torch()
-    if torch is not None:
-        t = torch.from_numpy(x.copy())  # its own buffer (``_streaming_row``)
-        fns["torch"] = lambda: torch.softmax(t, -1)
-    return _streaming_row(f"softmax rows {x.shape[0]}x{x.shape[1]} f32", args, fns)
-
-
-@case
-def softmax_short_rows(args) -> Row:
-    """A softmax over short rows: the attention scores of 32 sentences x 12 heads x 56 tokens (MiniLM's shapes),
-    rows of 56 (not a whole number of 16-float vectors: ``CRenderer.tail_bytes``). 4.8 MB per library, all three
-    in the cache together: timed in turns (``interleaved_medians``)."""
-    x = np.random.default_rng(2).standard_normal((32 * 12 * 56, 56)).astype(np.float32)
-    X = zyx.Tensor(x).realize()
+def _softmax_fns(x: np.ndarray, X: zyx.Tensor) -> dict[str, Callable[[], object]]:
+    """A row softmax of ``x`` by zyx (``X``), NumPy and torch (on its own copy of ``x``, ``_streaming_row``)."""
 
     def np_softmax():
         e = np.exp(x - x.max(axis=1, keepdims=True))
@@ -422,10 +401,23 @@ def softmax_short_rows(args) -> Row:
     if torch is not None:
         t = torch.from_numpy(x.copy())
         fns["torch"] = lambda: torch.softmax(t, -1)
-    ms = interleaved_medians(fns, max(args.repeats, 15), warmup=3)
-    row = Row(f"softmax rows {x.shape[0]}x{x.shape[1]} f32 (attention scores)", ms.pop("zyx"))
-    row.refs.update(ms)
-    return row
+    return fns
+
+
+@case
+def softmax(args) -> Row:
+    x, X = _square(args)
+    return _streaming_row(f"softmax rows {x.shape[0]}x{x.shape[1]} f32", args, _softmax_fns(x, X))
+
+
+@case
+def softmax_short_rows(args) -> Row:
+    """A softmax over short rows: the attention scores of 32 sentences x 12 heads x 56 tokens (MiniLM's shapes),
+    rows of 56 (not a whole number of 16-float vectors: ``CRenderer.tail_bytes``). 4.8 MB per library, all three
+    in the cache together: timed in turns as the streaming rows are."""
+    x = np.random.default_rng(2).standard_normal((32 * 12 * 56, 56)).astype(np.float32)
+    X = zyx.Tensor(x).realize()
+    return _streaming_row(f"softmax rows {x.shape[0]}x{x.shape[1]} f32 (attention scores)", args, _softmax_fns(x, X))
 
 
 class _GeneratedOnly:
