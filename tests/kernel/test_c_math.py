@@ -3,7 +3,8 @@
 One shared library holds the prelude plus one ``#pragma omp simd`` loop per (op, dtype), compiled with the
 flags the host backend uses.  float32 results are compared with NumPy's float64 result (``math.erf`` for
 erf) rounded to float32, in whole ulps; the bound is 2 ulp (the implementation achieves 1; the exhaustive
-check over all 2**32 inputs is too slow for the test suite and is reported in c_math.py's docstring).
+check over all 2**32 inputs, ``scripts/check_c_math_exhaustive.py``, is too slow for the test suite and is
+reported in c_math.py's docstring).
 sin/cos/tan are accurate for |x| < 2**44 where the compiler has FMA (``__FP_FAST_FMA``), else for
 |x| < 2**27 * pi/2; beyond, their value is only bounded (checked separately).
 """
@@ -22,13 +23,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from zyx.backends.host.compiler import BASE_FLAGS
 from zyx.kernel.c_math import C_MATH_FUNCTIONS, C_MATH_PRELUDE
 
 CC = shutil.which("cc")
 if CC is None:
     pytest.skip("no C compiler (cc) on PATH", allow_module_level=True)
 
-CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+CFLAGS = [*BASE_FLAGS, "-fopenmp"]  # the host backend's (with -ffp-contract=off: no FMA but the explicit ones)
 OPS = ("exp", "exp2", "log", "log2", "sin", "cos", "tan", "tanh", "erf", "sqrt")
 MAX_ULP = 2
 F32_MAX = float(np.finfo(np.float32).max)
@@ -383,6 +385,23 @@ def test_float32_loops_vectorize(built: Built, op: str) -> None:
         pytest.skip("-fopt-info-vec-optimized is GCC's report")
     vectorized = {int(m) for m in re.findall(r":(\d+):\d+: optimized: loop vectorized", built.compiler_output)}
     assert built.loop_line[(op, "float32")] in vectorized, built.compiler_output
+
+
+@pytest.mark.parametrize("op", ["exp", "exp2", "erf", "tanh", "log"])
+def test_float32_polynomials_use_fma_under_the_backend_flags(built: Built, tmp_path: Path, op: str) -> None:
+    """Where the target has FMA, every Horner step is one (``ZYX__MADF``), although the host backend compiles
+    with -ffp-contract=off: the vectorized loop holds at least as many FMA instructions as the function's
+    polynomials have steps."""
+    if not built.lib.probe_fast_fma() or platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("needs an x86-64 target with FMA")
+    steps = {"exp": 5, "exp2": 6, "erf": 17, "tanh": 5, "log": 8}[op]
+    src = tmp_path / "loop.c"
+    src.write_text(C_MATH_PRELUDE + "void loop(const float *restrict x, float *restrict y, long n) {\n"
+                   f"#pragma omp simd\n    for (long i = 0; i < n; ++i) y[i] = zyx_{op}f(x[i]);\n}}\n")
+    flags = [f for f in CFLAGS if f not in ("-shared", "-fPIC")]
+    asm = subprocess.run([CC, *flags, "-S", "-o", "-", str(src)], capture_output=True, text=True, check=True).stdout
+    fmas = re.findall(r"^\s*vfn?m(?:add|sub)\d+[ps]s\b", asm, re.MULTILINE)
+    assert len(fmas) >= steps, f"{op}: {len(fmas)} FMA instructions, want >= {steps}"
 
 
 def test_mapping_covers_ops_and_dtypes() -> None:
