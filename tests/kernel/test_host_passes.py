@@ -304,14 +304,21 @@ def _tails_off():
 def test_a_short_row_runs_whole_vectors_then_its_last_vector_again():
     """A softmax over rows of 56 float32: each loop along the row runs 48 (three vectors of 16), then 40..56 (the
     last vector again); only the iterations past 48 accumulate there (the maximum and its NaN flag see -inf,
-    the sum 0), and the stores of 40..48 store what they stored. Rows of 64 keep whole loops, and so do cheap
-    elements (a row sum)."""
+    the sum 0), and the stores of 40..48 store what they stored. The two reduces keep one accumulator per lane
+    through both parts, combined once after them. Rows of 64 keep whole loops, and so do cheap elements (a row
+    sum)."""
     x = zyx.Tensor(np.random.default_rng(3).standard_normal((8, 56)).astype(np.float32)).realize()
     (k,) = _kernels(lambda: x.softmax(-1).numpy())
     body = CRenderer().render(opt.optimize(k, HOST2))
     body = body[body.rindex("\nvoid "):]
-    assert len(re.findall(r"for \(long long (r\d+) = 0; \1 < 48; \1\+\+\)", body)) == 3
-    assert len(re.findall(r"for \(long long (r\d+) = 40; \1 < 56; \1\+\+\)", body)) == 3
+    # the maximum's and the sum's loops: whole vectors in blocks of 16 lanes, then the last vector from 40
+    assert len(re.findall(r"for \(long long (r\d+)_o = 0; \1_o < 48; \1_o \+= 16\)", body)) == 2
+    assert len(re.findall(r"const long long (r\d+) = 40 \+ \1_l;", body)) == 2
+    assert len(re.findall(r"for \(int t = 0; t < 16; t\+\+\) \{ acc\d+ ", body)) == 2  # each combined once
+    assert "reduction(max:acc" in body and "_v_nan[t];" in body and "reduction(+:acc" in body
+    # the division's loop (no reduce)
+    assert len(re.findall(r"for \(long long (r\d+) = 0; \1 < 48; \1\+\+\)", body)) == 1
+    assert len(re.findall(r"for \(long long (r\d+) = 40; \1 < 56; \1\+\+\)", body)) == 1
     assert "zyx__sel32(r" in body and ">= 48, " in body and "(-INFINITY))" in body and ", 0.0f)" in body
     y = zyx.Tensor(np.ones((8, 64), np.float32)).realize()
     (k,) = _kernels(lambda: y.softmax(-1).numpy())

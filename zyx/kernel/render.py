@@ -655,12 +655,47 @@ class CRenderer(CStyleRenderer):
                 elif inner is not loop:
                     inner_reds[inner] = reds
                     reds = []
+                split = overlapped_tail(loop, lo, hi, True) if inner is loop else None
+                if split is not None:
+                    lane_reduce_loop(loop, ind, members, *split)
+                    return
                 simd_loop(loop, ind, lo, hi, self.pragmas(loop, reds), inner is loop)
                 if lanes:
                     for _, acc, _ in members:
                         lines.append(f"{ind}for (int t = 0; t < {n_lanes}; t++) {{ {acc} += {acc}_l[t]; }}")
                 return
             blocked_loop(loop, ind, lo, hi, [(e, acc) for e, acc, _ in members])
+
+        def lane_reduce_loop(loop: Loop, ind: str, members: list[tuple[Expr, str, bool]], whole: int,
+                             lanes: int) -> None:
+            """A reduce's own simd loop with an ``overlapped_tail``: one accumulator per lane (``<acc>_v``, ``lanes``
+            of them) through its whole vectors and its gated last vector, then the lanes combined into each (expr,
+            accumulator, tracks NaN) of ``members`` once. Reduction clauses on the two loops had combined a vector
+            at the end of each (a softmax over rows of 56, 2-core Zen 4: 0.67 ms against 0.55 with one combine)."""
+            r, it, n = rng(loop.range), self.index_type, loop.range.arg[1]
+            for e, acc, nan in members:
+                at = self.acc_type(e, k)
+                lines.append(f"{ind}{at} {acc}_v[{lanes}];" + (f" int {acc}_v_nan[{lanes}];" if nan else ""))
+                lines.append(f"{ind}for (int t = 0; t < {lanes}; t++) {{ {acc}_v[t] = {self.identity(e.arg[0], e, at)};"
+                             + (f" {acc}_v_nan[t] = 0;" if nan else "") + " }")
+                acc_name[e] = f"{acc}_v[{r}_l]"
+            lines.append(f"{ind}for ({it} {r}_o = 0; {r}_o < {whole}; {r}_o += {lanes}) {{")
+            for start, i2, g in ((f"{r}_o", ind + "  ", None), (str(n - lanes), ind, f"{r} >= {whole}")):
+                lines.append(f"{i2}#pragma omp simd")
+                lines.append(f"{i2}for (int {r}_l = 0; {r}_l < {lanes}; {r}_l++) {{")
+                lines.append(f"{i2}  const {it} {r} = {start} + {r}_l;")
+                gate[0] = g
+                emit_block(loop.body, i2 + "  ", True)
+                gate[0] = None
+                lines.append(f"{i2}}}")
+                if g is None:
+                    lines.append(f"{ind}}}")
+            for e, acc, nan in members:
+                reds = [(_OMP_RED[e.arg[0]], acc)] + ([("|", f"{acc}_nan")] if nan else [])
+                lines.append(f"{ind}#pragma omp simd " + " ".join(f"reduction({o}:{v})" for o, v in reds))
+                comb = self.update(e.arg[0], acc, f"{acc}_v[t]", e.dtype).split(";")[0] + ";"
+                lines.append(f"{ind}for (int t = 0; t < {lanes}; t++) {{ {comb}"
+                             + (f" {acc}_nan |= {acc}_v_nan[t];" if nan else "") + " }")
 
         def blocked_loop(loop: Loop, ind: str, lo: str, hi: str, members: list[tuple[Expr, str]]) -> None:
             """``loop`` over ``lo`` .. ``hi`` adding float32 terms into each (expr, double accumulator) of
