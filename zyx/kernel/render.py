@@ -293,6 +293,9 @@ class CRenderer(CStyleRenderer):
     # element at a time (a softmax over rows of 56: 8 exponentials of 56 scalar, 1.3 ms against 0.64 for rows of
     # 64 at 21504 rows). 64: a whole AVX-512 vector, two AVX2 ones
     tail_bytes = 64
+    # loops of cheap elements (sums, differences) take an overlapped tail only over at most this many whole vectors
+    # (``overlapped_tail``)
+    cheap_tail_vectors = 6
 
     def prelude(self) -> str:
         return _HOST_PRELUDE
@@ -416,12 +419,15 @@ class CRenderer(CStyleRenderer):
             n)`` again (``n`` its trip count), when ``n`` is more than a vector and at least 2 past whole ones: an
             innermost simd loop over its whole range whose statements are values, contiguous (or invariant) loads
             and stores, local rows (all idempotent: the overlap recomputes and stores the same values) and, if
-            ``accumulates``, the accumulates of its own reduce (gated in the tail), and whose elements cost: an
-            exponential or another transcendental, a float division, a NaN-tracking maximum or minimum. Where they
-            cost less (sums, products), GCC's own rest ran as fast or faster than a second vector and its
-            reduction: 2-core Zen 4, 1M-element rows of 17-1000, all loops overlapped against none, softmax
-            0.44-0.8, row sums 1.2-2.0, layer norms 0.95-1.59; only those loops, softmax 0.45-0.75 (rows of
-            24-197), layer norms 0.95-1.1. None otherwise."""
+            ``accumulates``, the accumulates of its own reduce (gated in the tail); and whose elements cost (an
+            exponential or another transcendental, a float division, a NaN-tracking maximum or minimum), or which
+            has at most ``cheap_tail_vectors`` whole vectors and runs once per output element (not a kernel's
+            single total). Kernels alone, 2-core Zen 4, 2M-element float32 inputs, in turns, against costly loops
+            only (one combine per reduce, ``lane_reduce_loop``): rows of 23-77, layer norms 0.54-0.66, variances
+            0.41-0.57, row sums 0.81-1.06; rows of 100, 0.81-0.86, 0.80-0.87, 1.07-1.19. Every loop overlapped,
+            rows of 120 and 150 made row sums 1.06-1.28x slower and layer norms no faster; leaving a plain sum's
+            loop whole lost most of a layer norm's gain (rows of 23 and 56: 0.88-0.91). (With a reduction clause
+            on each part, row sums of 17-1000 had run 1.2-2.0x slower.) None otherwise."""
             n = loop.range.arg[1]
             if loop.kind != "simd" or (lo, hi) != ("0", str(n)) or loop.body.inner is not None or \
                     loop.range in prefetch or n < VECTOR_MIN_TRIP:
@@ -446,10 +452,12 @@ class CRenderer(CStyleRenderer):
                     continue
                 if ir.affine_coefficient(index, loop.range) not in (0, 1):  # a gather or a strided access: GCC
                     return None  # keeps such loops scalar, with no tail to spare (and their sums in order)
-            if not self.tail_bytes or not sizes or not costly:
+            if not self.tail_bytes or not sizes:
                 return None
             lanes = self.tail_bytes // min(sizes)
             if n <= lanes or n % lanes < 2:  # (one element left: as cheap alone as a vector again)
+                return None
+            if not costly and (n // lanes > self.cheap_tail_vectors or not k.loops):  # (no output loop: runs once)
                 return None
             return n - n % lanes, lanes
 
@@ -690,12 +698,17 @@ class CRenderer(CStyleRenderer):
                 lines.append(f"{i2}}}")
                 if g is None:
                     lines.append(f"{ind}}}")
-            for e, acc, nan in members:
-                reds = [(_OMP_RED[e.arg[0]], acc)] + ([("|", f"{acc}_nan")] if nan else [])
-                lines.append(f"{ind}#pragma omp simd " + " ".join(f"reduction({o}:{v})" for o, v in reds))
-                comb = self.update(e.arg[0], acc, f"{acc}_v[t]", e.dtype).split(";")[0] + ";"
-                lines.append(f"{ind}for (int t = 0; t < {lanes}; t++) {{ {comb}"
-                             + (f" {acc}_nan |= {acc}_v_nan[t];" if nan else "") + " }")
+            assert lanes & (lanes - 1) == 0, lanes
+            for e, acc, nan in members:  # halving steps (a reduction clause added the 16 lanes one by one)
+                h = lanes // 2
+                while h:
+                    comb = self.update(e.arg[0], f"{acc}_v[t]", f"{acc}_v[t + {h}]", e.dtype).split(";")[0] + ";"
+                    lines.append(f"{ind}#pragma omp simd")
+                    lines.append(f"{ind}for (int t = 0; t < {h}; t++) {{ {comb}"
+                                 + (f" {acc}_v_nan[t] |= {acc}_v_nan[t + {h}];" if nan else "") + " }")
+                    h //= 2
+                lines.append(f"{ind}" + self.update(e.arg[0], acc, f"{acc}_v[0]", e.dtype).split(";")[0] + ";"
+                             + (f" {acc}_nan |= {acc}_v_nan[0];" if nan else ""))
 
         def blocked_loop(loop: Loop, ind: str, lo: str, hi: str, members: list[tuple[Expr, str]]) -> None:
             """``loop`` over ``lo`` .. ``hi`` adding float32 terms into each (expr, double accumulator) of
