@@ -612,6 +612,34 @@ def test_long_row_sums_keep_independent_lanes():
             assert (f"_b_t[{lanes}]" in src) == (lanes > 1 and cols % lanes == 0)
 
 
+def test_lanes_that_are_not_a_power_of_two_fold_their_excess_then_halve(tmp_path):
+    """48 partial sums (``reduce_lanes`` of the search space need not be a power of two): lanes 32..47 fold into
+    0..15, then 32 -> 16 -> ... -> 1, each step a loop of its own; the sums match NumPy's float64 ones."""
+    import ctypes
+    import shutil
+    import subprocess
+
+    from zyx.backends.host.compiler import BASE_FLAGS
+
+    cc = shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    x = np.random.default_rng(9).standard_normal((4, 48 * 96)).astype(np.float32)
+    X = zyx.Tensor(x).realize()
+    (k,) = _kernels(lambda: X.sum(1).numpy())
+    src = CRenderer().render(opt.optimize(k, HOST2, {"reduce_lanes": 48, "upcast_rows": 1}))
+    steps = re.findall(r"for \(int t = 0; t < (\d+); t\+\+\) \{ (acc\d+_b)_t\[t\] \+= \2_t\[t \+ (\d+)\]; \}", src)
+    assert [(int(n), int(o)) for n, _, o in steps] == [(16, 32), (16, 16), (8, 8), (4, 4), (2, 2), (1, 1)]
+    (name,) = re.findall(r"void (\w+)\(void \*\*args\)", src)
+    (tmp_path / "k.c").write_text(src)
+    flags = [f for f in BASE_FLAGS] + ["-fopenmp"]
+    subprocess.run([cc, *flags, str(tmp_path / "k.c"), "-o", str(tmp_path / "k.so")], check=True)
+    fn = getattr(ctypes.CDLL(str(tmp_path / "k.so")), name)
+    out = np.zeros(4, np.float32)
+    fn((ctypes.c_void_p * 2)(out.ctypes.data, x.ctypes.data))
+    np.testing.assert_allclose(out, x.astype(np.float64).sum(1), rtol=1e-6, atol=3e-5)
+
+
 def test_sums_the_lanes_do_not_tile_take_a_half_or_a_quarter_of_them():
     """A row the target's lanes do not tile takes half or a quarter of them (at least 32) where those do: rows of
     3136 (56x56) get 64 partial sums, rows of 4100 (4 x 1025) none; the values match NumPy's float64 sums."""
