@@ -461,21 +461,19 @@ class CRenderer(CStyleRenderer):
                 return None
             return n - n % lanes, lanes
 
-        def simd_loop(loop: Loop, ind: str, lo: str, hi: str, pragmas: list[str], accumulates: bool) -> None:
-            """``loop`` over ``lo`` .. ``hi`` under ``pragmas``; with an ``overlapped_tail``, its whole vectors,
-            then its last vector again, accumulating only past them."""
+        def simd_loop(loop: Loop, ind: str, lo: str, hi: str, pragmas: list[str]) -> None:
+            """``loop`` over ``lo`` .. ``hi`` under ``pragmas``; with an ``overlapped_tail`` (a loop of values and
+            stores: a reduce's own loop takes its tail in ``lane_reduce_loop``), its whole vectors, then its last
+            vector again."""
             r = rng(loop.range)
-            split = overlapped_tail(loop, lo, hi, accumulates)
-            parts = [(lo, hi, None)] if split is None else \
-                [("0", str(split[0]), None), (str(loop.range.arg[1] - split[1]), hi, f"{r} >= {split[0]}")]
-            for a, b, g in parts:
+            split = overlapped_tail(loop, lo, hi, False)
+            parts = [(lo, hi)] if split is None else [("0", str(split[0])), (str(loop.range.arg[1] - split[1]), hi)]
+            for a, b in parts:
                 lines.extend(ind + h for h in pragmas)
                 lines.append(f"{ind}for ({self.index_type} {r} = {a}; {r} < {b}; {r}++) {{")
                 for f in prefetch.get(loop.range, ()):
                     lines.extend(ind + "  " + x for x in self.prefetch(f, k.params[f.param], r, hi))
-                gate[0] = g
                 emit_block(loop.body, ind + "  ", vectorized(loop))
-                gate[0] = None
                 lines.append(f"{ind}}}")
 
         def emit_reduce(red: Reduce, ind: str) -> None:
@@ -667,7 +665,7 @@ class CRenderer(CStyleRenderer):
                 if split is not None:
                     lane_reduce_loop(loop, ind, members, *split)
                     return
-                simd_loop(loop, ind, lo, hi, self.pragmas(loop, reds), inner is loop)
+                simd_loop(loop, ind, lo, hi, self.pragmas(loop, reds))
                 if lanes:
                     for _, acc, _ in members:
                         lines.append(f"{ind}for (int t = 0; t < {n_lanes}; t++) {{ {acc} += {acc}_l[t]; }}")
@@ -777,7 +775,7 @@ class CRenderer(CStyleRenderer):
             if loop in blocked_inner:
                 blocked_loop(loop, ind, lo, hi, blocked_inner[loop])
                 return
-            simd_loop(loop, ind, lo, hi, self.pragmas(loop, reds or inner_reds.get(loop, [])), False)
+            simd_loop(loop, ind, lo, hi, self.pragmas(loop, reds or inner_reds.get(loop, [])))
 
         prefetch: dict[Expr, list[ir.Prefetch]] = {}
         for part in (k, *k.then):
