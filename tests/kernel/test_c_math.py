@@ -389,7 +389,7 @@ def test_float32_loops_vectorize(built: Built, op: str) -> None:
 
 @pytest.mark.parametrize("op", ["exp", "exp2", "erf", "tanh", "log"])
 def test_float32_polynomials_use_fma_under_the_backend_flags(built: Built, tmp_path: Path, op: str) -> None:
-    """Where the target has FMA, every Horner step is one (``ZYX__MADF``), although the host backend compiles
+    """Where the target has FMA, every Horner step is one (``ZYX__FMAF``), although the host backend compiles
     with -ffp-contract=off: the vectorized loop holds at least as many FMA instructions as the function's
     polynomials have steps."""
     if not built.lib.probe_fast_fma() or platform.machine().lower() not in ("x86_64", "amd64"):

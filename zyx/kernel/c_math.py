@@ -26,7 +26,7 @@ all ``float f(float)``):
   vector width).  The sin/cos/tan argument reduction, log2's last step without FMA and tan run in double
   (half width) where float cannot reach 1 ulp cheaply.  Where the target has FMA (``__FP_FAST_FMA``,
   ``__FP_FAST_FMAF``: every x86-64-v3 / AVX2-era CPU and aarch64) it is used explicitly via
-  ``__builtin_fma[f]`` (every Horner step of every polynomial: ``ZYX__MADF``, ``ZYX__MAD``), so results do not
+  ``__builtin_fma[f]`` (every Horner step of every polynomial: ``ZYX__FMAF``, ``ZYX__FMA``), so results do not
   depend on ``-ffp-contract``, and the host backend's ``-ffp-contract=off`` (elementwise code rounds as NumPy)
   does not cost the polynomials their FMAs: with separate multiplies and adds, a softmax over rows of 56 ran
   15% slower.  Without FMA a slower or shorter-range variant is compiled (see below).
@@ -62,12 +62,12 @@ from __future__ import annotations
 __all__ = ["C_MATH_FUNCTIONS", "C_MATH_PRELUDE"]
 
 
-def _horner(var: str, coeffs: list[str], mad: str = "ZYX__MADF") -> str:
+def _horner(var: str, coeffs: list[str], fma: str = "ZYX__FMAF") -> str:
     """C expression c0 + var*(c1 + var*(c2 + ...)) for coefficient literals in ascending order, each step a
-    ``mad`` (``ZYX__MADF`` for float, ``ZYX__MAD`` for double): one fused multiply-add where the target has FMA."""
+    ``fma`` (``ZYX__FMAF`` for float, ``ZYX__FMA`` for double): one fused multiply-add where the target has FMA."""
     expr = coeffs[-1]
     for c in reversed(coeffs[:-1]):
-        expr = f"{mad}({var}, {expr}, {c})"
+        expr = f"{fma}({var}, {expr}, {c})"
     return expr
 
 
@@ -131,16 +131,17 @@ _PRELUDE_TEMPLATE = r"""
 
 #define ZYX_MATH_FN static inline __attribute__((always_inline, unused))
 
-/* c + x*p: one rounding where the target has FMA (the polynomials' Horner steps), two otherwise */
+/* a*b + c: one rounding where the target has FMA (the polynomials' Horner steps, sin/cos's reduction), two
+   otherwise */
 #if defined(__FP_FAST_FMAF)
-#define ZYX__MADF(x, p, c) __builtin_fmaf((x), (p), (c))
+#define ZYX__FMAF(a, b, c) __builtin_fmaf((a), (b), (c))
 #else
-#define ZYX__MADF(x, p, c) ((c) + (x) * (p))
+#define ZYX__FMAF(a, b, c) ((a) * (b) + (c))
 #endif
 #if defined(__FP_FAST_FMA)
-#define ZYX__MAD(x, p, c) __builtin_fma((x), (p), (c))
+#define ZYX__FMA(a, b, c) __builtin_fma((a), (b), (c))
 #else
-#define ZYX__MAD(x, p, c) ((c) + (x) * (p))
+#define ZYX__FMA(a, b, c) ((a) * (b) + (c))
 #endif
 
 ZYX_MATH_FN double zyx__as_f64(uint64_t u) { double d; memcpy(&d, &u, sizeof d); return d; }
@@ -193,7 +194,7 @@ ZYX_MATH_FN float zyx__expf_kernel(float x) {
     float k = m - ZYX__RNDF;
     float r = x - k * 0x1.62ep-1f; /* exact: 13-bit high part of ln 2, |k| < 2**8 */
     r = r - k * 0x1.0bfbe8p-15f;  /* ln 2 - 0x1.62ep-1 */
-    float p = 1.0f + ZYX__MADF(r * r, @EXPF_POLY@, r);
+    float p = 1.0f + ZYX__FMAF(r * r, @EXPF_POLY@, r);
     return zyx__scalef(p, m);
 }
 
@@ -212,7 +213,7 @@ ZYX_MATH_FN float zyx_exp2f(float x) {
     x = zyx__sel32(zero, 0.0f, x);
     float m = x + ZYX__RNDF;
     float r = x - (m - ZYX__RNDF); /* exact, |r| <= 1/2 */
-    float p = ZYX__MADF(r, @EXP2F_POLY@, 1.0f);
+    float p = ZYX__FMAF(r, @EXP2F_POLY@, 1.0f);
     return zyx__sel32(zero, 0.0f, zyx__scalef(p, m));
 }
 
@@ -264,11 +265,6 @@ ZYX_MATH_FN float zyx_log2f(float x) {
    and k*P2 are exact products and the first two subtractions are exact.  With FMA (__FP_FAST_FMA) the
    first two steps are exact for any |k| < 2**53 and the limit is the rounding of k = rint(x*2/pi): fine
    for |x| < 2**44 (1.8e13).  Beyond that r is meaningless and only kept bounded. */
-#if defined(__FP_FAST_FMA)
-#define ZYX__FMA(a, b, c) __builtin_fma((a), (b), (c))
-#else
-#define ZYX__FMA(a, b, c) ((a) * (b) + (c))
-#endif
 ZYX_MATH_FN double zyx__reduce_pio2(float x, uint32_t *n) {
     double xd = (double)x;
     double m = ZYX__FMA(xd, 0x1.45f306dc9c883p-1, ZYX__RND); /* 2/pi */
@@ -397,8 +393,8 @@ def _build_prelude() -> str:
         "@LOGF_POLY@": _horner("f", _f(_LOGF)),
         "@SINF_POLY@": _horner("z", _f(_SINF)),
         "@COSF_POLY@": _horner("z", _f(_COSF)),
-        "@SIN_POLY@": _horner("z", _SIN, "ZYX__MAD"),
-        "@COS_POLY@": _horner("z", _COS, "ZYX__MAD"),
+        "@SIN_POLY@": _horner("z", _SIN, "ZYX__FMA"),
+        "@COS_POLY@": _horner("z", _COS, "ZYX__FMA"),
         "@TANHF_POLY@": _horner("z", _f(_TANHF)),
         "@ERF_SMALL_POLYF@": _horner("z", _f([(float.fromhex(_ERF_SMALL[0]) - 1).hex()] + _ERF_SMALL[1:])),
         "@ERFCX_POLYF@": _horner("u", _f(_ERFCX)),
