@@ -35,7 +35,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 PASSES = ("column_block", "block_vector_reduce", "stash_row_values", "split_divmod_loops", "split_divmod_reduces",
           "ungate_loads", "upcast_taps", "unroll_divmod_loops", "unroll_compared_loops", "unroll_reduce", "upcast_rows",
-          "transpose", "prefetch", "prefetch_streams", "scatter", "pack_window",
+          "transpose", "transpose_block", "prefetch", "prefetch_streams", "scatter", "pack_window",
           "fold_batch")
 HOST2 = DeviceInfo("host", "host", compute_units=2)
 

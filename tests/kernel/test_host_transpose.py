@@ -4,6 +4,8 @@ elementwise work, every dtype, sizes the tiles divide and sizes they do not."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from conftest import kernels_of, passes_off
@@ -12,7 +14,7 @@ import zyx
 from zyx import dtypes
 from zyx.backends.base import DeviceInfo
 from zyx.graph import schedule
-from zyx.kernel import opt
+from zyx.kernel import ir, opt
 from zyx.kernel.render import CRenderer
 
 HOST2 = DeviceInfo("host", "host", compute_units=2)
@@ -32,9 +34,32 @@ def _rand(shape, dtype="float32", seed=0) -> np.ndarray:
 
 
 def test_a_transpose_runs_in_64_square_blocks():
+    """Tiles of 64 x 64, each in 8 x 8 blocks transposed through registers (``Kernel.transpose_block``): two block
+    loops around the tile's loops, which run a constant 8 times each; one staged block per transposed load, read in
+    the innermost loop. With ``transpose_block`` off, the plain tile loops."""
     k = opt.optimize(_kernel(zyx.Tensor(_rand((256, 192))).T.contiguous()), HOST2)
     assert [r.arg[1] for r in k.loops] == [192 // 64, 256 // 64, 64, 64] and k.parallel >= 1 and k.vector
-    assert CRenderer().render(k).count("for (long long") == 4
+    assert k.transpose_block == 8
+    src = CRenderer().render(k)
+    assert src.count("for (long long") == 4 and src.count("for (int r") == 2 and src.count("__builtin_shuffle") == 6
+    assert re.search(r"p0\[v\d+\] = zt\d+\[r\d+_l \* 8 \+ r\d+_l\];", src)
+    with passes_off("transpose_block"):
+        k = opt.optimize(_kernel(zyx.Tensor(_rand((256, 192))).T.contiguous()), HOST2)
+    assert k.transpose_block == 0 and CRenderer().render(k).count("for (long long") == 4
+
+
+def test_which_loads_are_staged_in_register_blocks():
+    """``ir.transposed_block_loads``: in ``x + x.T`` only the transposed read; a float64, int64 or 16-bit one
+    leaves the tile loops plain, as does a segment with no load (a padded transpose's zeros; its data is
+    staged)."""
+    x = zyx.Tensor(_rand((128, 128)))
+    k = opt.optimize(_kernel(x + x.T), HOST2)
+    assert k.transpose_block == 8 and len(ir.transposed_block_loads(k)) == 1
+    for dtype in ("float64", "int64", "float16"):
+        t = zyx.Tensor(_rand((128, 128), dtype))
+        assert opt.optimize(_kernel(t.T.contiguous()), HOST2).transpose_block == 0, dtype
+    padded = opt.optimize(_kernel(zyx.Tensor(_rand((120, 128))).pad(((0, 8), (0, 0))).T.contiguous()), HOST2)
+    assert padded.transpose_block == 8 and len(padded.then) == 1 and padded.then[0].transpose_block == 0
 
 
 def test_which_kernels_are_tiled():
@@ -57,6 +82,7 @@ def test_sizes_no_tile_divides_keep_the_plain_loops():
 
 CASES = {
     "transpose": (lambda x: x.T.contiguous(), lambda x: np.ascontiguousarray(x.T), (256, 192)),
+    "plus_own_transpose_scaled": (lambda x: x + x.T * 2, lambda x: x + x.T * 2, (192, 192)),
     "odd": (lambda x: x.T.contiguous(), lambda x: np.ascontiguousarray(x.T), (33, 47)),
     "plus_own_transpose": (lambda x: x + x.T, lambda x: x + x.T, (128, 128)),
     "transpose_affine": (lambda x: x.T * 3 - 1, lambda x: x.T * 3 - 1, (64, 320)),
@@ -69,9 +95,11 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("blocks", [True, False])
 @pytest.mark.parametrize("tile", [None, 0, 8, 16, 32, 64, 128])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_every_tile_gives_numpys_bits(case, tile, monkeypatch):
+def test_every_tile_gives_numpys_bits(case, tile, blocks, monkeypatch):
+    """Every tile, with the register-transposed blocks and without (``transpose_block``)."""
     build, ref, shape = CASES[case]
     x = _rand(shape)
     if tile is not None:
@@ -79,7 +107,8 @@ def test_every_tile_gives_numpys_bits(case, tile, monkeypatch):
         monkeypatch.setattr(opt, "optimize", lambda k, info, params=None: real(k, info, {"transpose_tile": tile}))
     schedule.clear_cache()
     try:
-        got = build(zyx.Tensor(x)).numpy()
+        with passes_off(*(() if blocks else ("transpose_block",))):
+            got = build(zyx.Tensor(x)).numpy()
     finally:
         schedule.clear_cache()
     np.testing.assert_array_equal(got, ref(x))

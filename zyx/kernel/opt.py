@@ -483,13 +483,20 @@ def _transpose_axes(k: Kernel) -> tuple[Expr, Expr] | None:
     return None
 
 
-def tile_transpose(k: Kernel, tile: int | None = None) -> Kernel:
+def tile_transpose(k: Kernel, tile: int | None = None, blocks: bool = True) -> Kernel:
     """Run a transposing kernel (``_transpose_axes``) in ``T x T`` blocks of its loops ``i`` and ``j``: loops
     ``(..., i_o, j_o, i_t, j_t)`` with ``i = i_o * T + i_t``, ``j = j_o * T + j_t``, the other output loops outside in
     their order. Within a block the strided load touches ``T`` lines that stay cached while ``j`` walks them,
     instead of a new line (and page) per output. ``T``: ``tile`` (0 = off), else the first of ``TRANSPOSE_TILES``
     that divides both loops. Every output element is still computed once from the same values (no reduce, no
-    param read and written): bit-identical results, another order."""
+    param read and written): bit-identical results, another order.
+
+    With ``blocks``, a tile whose edge is a multiple of ``ir.TRANSPOSE_BLOCK`` also stages its transposed loads
+    (``ir.transposed_block_loads``) in register-transposed blocks (``Kernel.transpose_block``, rendered by
+    ``CRenderer``): whole-vector loads along the input's rows, shuffles, then the body reads the block along the
+    output's rows. Kernels alone, float32, 2-core Zen 4, blocks against elements: square transposes of 512-4096
+    0.10-0.63x the time (4096^2: 29-31 -> 7.0 ms, a copy 4.1), 1024x3136 0.67-0.69x, NCHW <-> NHWC of 64 channels
+    0.25-0.90x."""
     axes = _transpose_axes(k)
     if axes is None or tile == 0:
         return k
@@ -502,7 +509,10 @@ def tile_transpose(k: Kernel, tile: int | None = None) -> Kernel:
     io, jo = ir.range_(nid, i.arg[1] // t), ir.range_(nid + 1, j.arg[1] // t)
     it, jt = ir.range_(nid + 2, t), ir.range_(nid + 3, t)
     loops = tuple(r for r in k.loops if r is not i and r is not j) + (io, jo, it, jt)
-    return _substitute_kernel(k, {i: io * t + it, j: jo * t + jt}, loops)
+    tiled = _substitute_kernel(k, {i: io * t + it, j: jo * t + jt}, loops)
+    if blocks and t % ir.TRANSPOSE_BLOCK == 0 and ir.transposed_block_loads(tiled):
+        tiled = replace(tiled, transpose_block=ir.TRANSPOSE_BLOCK)
+    return tiled
 
 
 def _every_range(k: Kernel) -> list[Expr]:
@@ -1372,7 +1382,7 @@ def tile_gemm(k: Kernel, info: DeviceInfo, params: Params | None = None) -> Kern
 PASS_NAMES = frozenset({"gemm", "column_block", "fold_batch", "pack_window", "block_vector_reduce", "stash_row_values",
                         "split_divmod_loops", "split_divmod_reduces", "ungate_loads", "upcast_taps",
                         "unroll_divmod_loops", "unroll_compared_loops", "unroll_reduce", "upcast_rows", "transpose",
-                        "prefetch", "prefetch_streams", "scatter"})
+                        "transpose_block", "prefetch", "prefetch_streams", "scatter"})
 DISABLED: set[str] = set()  # names of optional host passes switched off (tests compare outputs with and without)
 
 
@@ -1442,7 +1452,7 @@ def _host_passes(part: Kernel, info: DeviceInfo, p: Params, units: int, min_work
     if "upcast_taps" not in DISABLED:
         part = upcast_taps(part)
     if "transpose" not in DISABLED:
-        part = tile_transpose(part, p.get("transpose_tile"))
+        part = tile_transpose(part, p.get("transpose_tile"), "transpose_block" not in DISABLED)
     part = interchange_reduce(part, units, column_blocks="column_block" not in DISABLED,
                               tile=p.get("interchange_tile"), column_block=p.get("column_block"))
     part = parallelize(part, info, p.get("collapse"), min_work)

@@ -388,6 +388,8 @@ class CRenderer(CStyleRenderer):
             elif s.op is Ops.STASH:
                 name[s] = operand(s.srcs[0])
                 lines.append(f"{ind}zloc{s.arg}[{rng(s.srcs[1])}] = {name[s]};")
+            elif s in staged:
+                name[s] = staged[s]
             else:
                 nm = fresh("v")
                 rhs = (s.op is Ops.WHERE and not vector_depth[0] and self.scalar_select(s, name)) or \
@@ -771,12 +773,60 @@ class CRenderer(CStyleRenderer):
             lines.append(f"{ind}}}")
 
         def emit_loop(loop: Loop, ind: str, reds: list | None = None) -> None:
+            part = transposing.get(loop.range)
+            if part is not None and loop not in block_loops and loop.body.inner is not None and \
+                    loop.body.inner.range is part.loops[-1]:
+                emit_transpose_blocks(loop, part, ind)
+                return
+            if loop in block_loops:  # a constant trip count (``base + b`` may wrap under -fwrapv: GCC then kept a
+                # 4096^2 transpose's blocks at 12 ms, 7 with the count)
+                r, (base, b) = rng(loop.range), block_loops[loop]
+                lines.extend(ind + h for h in self.pragmas(loop, []))
+                lines.append(f"{ind}for (int {r}_l = 0; {r}_l < {b}; {r}_l++) {{")
+                lines.append(f"{ind}  const {self.index_type} {r} = {base} + {r}_l;")
+                emit_block(loop.body, ind + "  ", vectorized(loop))
+                lines.append(f"{ind}}}")
+                return
             lo, hi = bounds.get(loop, ("0", str(loop.range.arg[1])))
             if loop in blocked_inner:
                 blocked_loop(loop, ind, lo, hi, blocked_inner[loop])
                 return
             simd_loop(loop, ind, lo, hi, self.pragmas(loop, reds or inner_reds.get(loop, [])))
 
+        def emit_transpose_blocks(loop: Loop, part: Kernel, ind: str) -> None:
+            """The tile loops ``(i, j)`` of ``part`` (``Kernel.transpose_block``) in blocks of ``b`` x ``b``: each
+            staged load's block transposed through registers into ``zt`` (``register_transpose``: rows of ``b``
+            along ``i`` at the load's stride along ``j``), then both loops over the block, the load read from
+            ``zt``."""
+            inner, b, it = loop.body.inner, part.transpose_block, self.index_type
+            ri, rj = rng(loop.range), rng(inner.range)
+            lines.append(f"{ind}for ({it} zjb = 0; zjb < {inner.range.arg[1]}; zjb += {b}) {{")
+            lines.append(f"{ind}  for ({it} zib = 0; zib < {loop.range.arg[1]}; zib += {b}) {{")
+            i2 = ind + "    "
+            for e in ir.transposed_block_loads(part):
+                ct, zt = self.storage_type(k.params[e.arg].dtype), fresh("zt")
+                stride = ir.affine_coefficient(e.srcs[0], inner.range)
+                lines.append(f"{i2}{ct} {zt}[{b * b}];")
+                lines.append(f"{i2}{{ const {it} {ri} = zib, {rj} = zjb;")
+                lines.append(f"{i2}  const {ct} *zs = p{e.arg} + {inline(e.srcs[0])};")
+                lines.append("#if defined(__GNUC__) && !defined(__clang__)")
+                lines.extend(vector_types(i2 + "  ", ct, 4, b))
+                lines.extend(register_transpose(i2 + "  ", b, f"zs + zj * {stride}LL", f"&{zt}[zj * {b}]"))
+                lines.append("#else")
+                lines.append(f"{i2}  for (int zj = 0; zj < {b}; zj++) for (int zi = 0; zi < {b}; zi++) "
+                             f"{zt}[zi * {b} + zj] = zs[zj * {stride}LL + zi];")
+                lines.append("#endif")
+                lines.append(f"{i2}}}")
+                staged[e] = f"{zt}[{ri}_l * {b} + {rj}_l]"
+            block_loops[loop], block_loops[inner] = ("zib", b), ("zjb", b)
+            emit_loop(loop, i2)
+            lines.append(f"{ind}  }}")
+            lines.append(f"{ind}}}")
+
+        # the loop ``i`` of each tiled transpose staging loads in register-transposed blocks -> its segment
+        transposing = {part.loops[-2]: part for part in (k, *k.then) if part.transpose_block}
+        staged: dict[Expr, str] = {}  # a staged load -> its element of the block (``emit_transpose_blocks``)
+        block_loops: dict[Loop, tuple[str, int]] = {}  # a loop over one block -> (its first value, the block's edge)
         prefetch: dict[Expr, list[ir.Prefetch]] = {}
         for part in (k, *k.then):
             for f in part.prefetch:
@@ -1273,32 +1323,44 @@ def _tiling_lanes(lanes: int, lo: str, hi: str) -> int:
     return next((x for x in (lanes, *fewer) if n % x == 0), 0)
 
 
-def transpose_staged(ind: str, rt: str, nr: int, k_lo: str, k_hi: str, it: str) -> list[str]:
-    """C statements storing the staged chunk ``ztmp[j][k - k_lo]`` (``nr`` columns by the chunk's k) into the
-    micro-panel as ``zb[k * nr + j]``, for ``k`` in ``[k_lo, k_hi)``. With GCC, ``nr`` x ``nr`` blocks go through
-    registers: a butterfly of ``log2(nr)`` stages of two-vector shuffles (``__builtin_shuffle``; on AVX-512 one
-    ``vpermt2ps`` each), every load and store a whole vector. The rest of the chunk, and other compilers, copy
-    element by element."""
-    lines = [f"{ind}{{", f"{ind}  const {it} zkn = {k_hi} - {k_lo};", f"{ind}  {it} zkb = 0;"]
-    lines.append("#if defined(__GNUC__) && !defined(__clang__)")
-    idx = "int" if rt == "float" else "long long"
-    size = nr * (4 if rt == "float" else 8)
-    lines.append(f"{ind}  typedef {rt} zv __attribute__((vector_size({size})));")
-    lines.append(f"{ind}  typedef {idx} zm __attribute__((vector_size({size})));")
-    lines.append(f"{ind}  for (; zkb + {nr} <= zkn; zkb += {nr}) {{")
-    lines.append(f"{ind}    zv zr[{nr}];")
-    lines.append(f"{ind}    for (int zj = 0; zj < {nr}; zj++) memcpy(&zr[zj], &ztmp[zj][zkb], sizeof(zv));")
+def vector_types(ind: str, ct: str, size: int, nr: int) -> list[str]:
+    """GCC typedefs of ``register_transpose``'s vectors: ``zv``, ``nr`` elements of C type ``ct`` (``size`` bytes),
+    and ``zm``, its shuffle masks."""
+    idx = "int" if size == 4 else "long long"
+    return [f"{ind}typedef {ct} zv __attribute__((vector_size({nr * size})));",
+            f"{ind}typedef {idx} zm __attribute__((vector_size({nr * size})));"]
+
+
+def register_transpose(ind: str, nr: int, src: str, dst: str) -> list[str]:
+    """GCC statements transposing ``nr`` x ``nr`` elements through registers (the vector types of ``vector_types``
+    in scope): row ``zj`` (a whole vector, ``src`` spelled with ``zj``) becomes column ``zj`` (stored to ``dst``
+    spelled with ``zj``) through a butterfly of ``log2(nr)`` stages of two-vector shuffles (``__builtin_shuffle``;
+    on AVX-512 one ``vpermt2ps`` each). Callers guard them with ``#if defined(__GNUC__) && !defined(__clang__)``
+    and copy element by element otherwise."""
+    lines = [f"{ind}zv zr[{nr}];", f"{ind}for (int zj = 0; zj < {nr}; zj++) memcpy(&zr[zj], {src}, sizeof(zv));"]
     b = nr // 2
     while b:
         lo = ", ".join(str(i if not i & b else nr + i - b) for i in range(nr))
         hi = ", ".join(str(i + b if not i & b else nr + i) for i in range(nr))
-        lines.append(f"{ind}    {{ const zm lo = {{{lo}}}, hi = {{{hi}}};")
-        lines.append(f"{ind}      for (int zj = 0; zj < {nr}; zj++) if (!(zj & {b})) {{ const zv a = zr[zj], "
+        lines.append(f"{ind}{{ const zm lo = {{{lo}}}, hi = {{{hi}}};")
+        lines.append(f"{ind}  for (int zj = 0; zj < {nr}; zj++) if (!(zj & {b})) {{ const zv a = zr[zj], "
                      f"c = zr[zj + {b}]; zr[zj] = __builtin_shuffle(a, c, lo); "
                      f"zr[zj + {b}] = __builtin_shuffle(a, c, hi); }} }}")
         b //= 2
-    lines.append(f"{ind}    for (int zj = 0; zj < {nr}; zj++) memcpy(&zb[({k_lo} + zkb + zj) * {nr}], &zr[zj], "
-                 "sizeof(zv));")
+    lines.append(f"{ind}for (int zj = 0; zj < {nr}; zj++) memcpy({dst}, &zr[zj], sizeof(zv));")
+    return lines
+
+
+def transpose_staged(ind: str, rt: str, nr: int, k_lo: str, k_hi: str, it: str) -> list[str]:
+    """C statements storing the staged chunk ``ztmp[j][k - k_lo]`` (``nr`` columns by the chunk's k) into the
+    micro-panel as ``zb[k * nr + j]``, for ``k`` in ``[k_lo, k_hi)``. With GCC, ``nr`` x ``nr`` blocks go through
+    registers (``register_transpose``), every load and store a whole vector. The rest of the chunk, and other
+    compilers, copy element by element."""
+    lines = [f"{ind}{{", f"{ind}  const {it} zkn = {k_hi} - {k_lo};", f"{ind}  {it} zkb = 0;"]
+    lines.append("#if defined(__GNUC__) && !defined(__clang__)")
+    lines += vector_types(ind + "  ", rt, 4 if rt == "float" else 8, nr)
+    lines.append(f"{ind}  for (; zkb + {nr} <= zkn; zkb += {nr}) {{")
+    lines += register_transpose(ind + "    ", nr, "&ztmp[zj][zkb]", f"&zb[({k_lo} + zkb + zj) * {nr}]")
     lines.append(f"{ind}  }}")
     lines.append("#endif")
     lines.append(f"{ind}  for (; zkb < zkn; zkb++) for (int zj = 0; zj < {nr}; zj++) "
