@@ -83,6 +83,7 @@ def test_sizes_no_tile_divides_keep_the_plain_loops():
 CASES = {
     "transpose": (lambda x: x.T.contiguous(), lambda x: np.ascontiguousarray(x.T), (256, 192)),
     "plus_own_transpose_scaled": (lambda x: x + x.T * 2, lambda x: x + x.T * 2, (192, 192)),
+    "flipped_transpose": (lambda x: x.flip(0).T.contiguous(), lambda x: np.ascontiguousarray(x[::-1].T), (128, 64)),
     "odd": (lambda x: x.T.contiguous(), lambda x: np.ascontiguousarray(x.T), (33, 47)),
     "plus_own_transpose": (lambda x: x + x.T, lambda x: x + x.T, (128, 128)),
     "transpose_affine": (lambda x: x.T * 3 - 1, lambda x: x.T * 3 - 1, (64, 320)),
