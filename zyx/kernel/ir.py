@@ -727,20 +727,21 @@ class Kernel:
         return frozenset(e.srcs[1] for e in toposort([s.value for s in self.stores]) if e.op is Ops.SCAN)
 
 
-TRANSPOSE_BLOCK = 8  # a register transpose's edge: 8 x 8 elements of 4 bytes, eight 32-byte vectors
+TRANSPOSE_BLOCK = 8  # a register transpose's edge: 8 x 8 elements, eight vectors of 32 (4-byte) or 64 bytes
+TRANSPOSE_DTYPES = ("float32", "int32", "uint32", "float64", "int64", "uint64")  # stored as themselves
 
 
 def transposed_block_loads(k: Kernel) -> list[Expr]:
     """The loads of ``k`` (last loops ``(i, j)``, ``j`` innermost) that blocks of ``TRANSPOSE_BLOCK`` x
-    ``TRANSPOSE_BLOCK`` register transposes can stage: ungated, of a 4-byte type stored as itself (float32, int32,
-    uint32), with an index affine in both loops, contiguous along ``i`` and at least a block's edge apart along
-    ``j``. A block's element ``(i, j)`` offsets is then ``base + j * stride + i``."""
+    ``TRANSPOSE_BLOCK`` register transposes can stage: ungated, of a 4- or 8-byte type stored as itself
+    (``TRANSPOSE_DTYPES``), with an index affine in both loops, contiguous along ``i`` and at least a block's edge
+    apart along ``j``. A block's element ``(i, j)`` offsets is then ``base + j * stride + i``."""
     if len(k.loops) < 2:
         return []
     i, j = k.loops[-2], k.loops[-1]
     out = []
     for e in toposort([s.value for s in k.stores]):
-        if e.op is not Ops.LOAD or len(e.srcs) > 1 or k.params[e.arg].dtype.name not in ("float32", "int32", "uint32"):
+        if e.op is not Ops.LOAD or len(e.srcs) > 1 or k.params[e.arg].dtype.name not in TRANSPOSE_DTYPES:
             continue
         sj = affine_coefficient(e.srcs[0], j)
         if affine_coefficient(e.srcs[0], i) == 1 and sj is not None and abs(sj) >= TRANSPOSE_BLOCK:

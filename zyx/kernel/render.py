@@ -804,13 +804,14 @@ class CRenderer(CStyleRenderer):
             lines.append(f"{ind}  for ({it} zib = 0; zib < {loop.range.arg[1]}; zib += {b}) {{")
             i2 = ind + "    "
             for e in ir.transposed_block_loads(part):
-                ct, zt = self.storage_type(k.params[e.arg].dtype), fresh("zt")
+                pd, zt = k.params[e.arg].dtype, fresh("zt")
+                ct = self.storage_type(pd)
                 stride = ir.affine_coefficient(e.srcs[0], inner.range)
                 lines.append(f"{i2}{ct} {zt}[{b * b}];")
                 lines.append(f"{i2}{{ const {it} {ri} = zib, {rj} = zjb;")
                 lines.append(f"{i2}  const {ct} *zs = p{e.arg} + {inline(e.srcs[0])};")
                 lines.append("#if defined(__GNUC__) && !defined(__clang__)")
-                lines.extend(vector_types(i2 + "  ", ct, 4, b))
+                lines.extend(vector_types(i2 + "  ", ct, pd.itemsize, b))
                 lines.extend(register_transpose(i2 + "  ", b, f"zs + zj * {stride}LL", f"&{zt}[zj * {b}]"))
                 lines.append("#else")
                 lines.append(f"{i2}  for (int zj = 0; zj < {b}; zj++) for (int zi = 0; zi < {b}; zi++) "
