@@ -50,12 +50,12 @@ def test_a_transpose_runs_in_64_square_blocks():
 
 def test_which_loads_are_staged_in_register_blocks():
     """``ir.transposed_block_loads``: in ``x + x.T`` only the transposed read; float64 and int64 ones too (blocks of
-    64-byte vectors); a 16-bit one leaves the tile loops plain, as does a segment with no load (a padded
+    64-byte vectors); a float16 or 1-byte one leaves the tile loops plain, as does a segment with no load (a padded
     transpose's zeros; its data is staged)."""
     x = zyx.Tensor(_rand((128, 128)))
     k = opt.optimize(_kernel(x + x.T), HOST2)
     assert k.transpose_block == 8 and len(ir.transposed_block_loads(k)) == 1
-    for dtype, block in (("float64", 8), ("int64", 8), ("float16", 0)):
+    for dtype, block in (("float64", 8), ("int64", 8), ("float16", 0), ("int8", 0)):
         t = zyx.Tensor(_rand((128, 128), dtype))
         assert opt.optimize(_kernel(t.T.contiguous()), HOST2).transpose_block == block, dtype
     padded = opt.optimize(_kernel(zyx.Tensor(_rand((120, 128))).pad(((0, 8), (0, 0))).T.contiguous()), HOST2)
@@ -123,7 +123,7 @@ def test_every_dtype(dtype):
     want = t.numpy().T
     k = opt.optimize(_kernel(t.T.contiguous()), HOST2)
     assert len(k.loops) == 4
-    assert k.transpose_block == (8 if dtype in ("float64", "int32", "int64") else 0)
+    assert k.transpose_block == (0 if dtype in ("float16", "int8", "bool") else 8)
     np.testing.assert_array_equal(t.T.contiguous().numpy(), want)
     for off in ("transpose", "transpose_block"):
         with passes_off(off):

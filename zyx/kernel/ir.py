@@ -727,15 +727,18 @@ class Kernel:
         return frozenset(e.srcs[1] for e in toposort([s.value for s in self.stores]) if e.op is Ops.SCAN)
 
 
-TRANSPOSE_BLOCK = 8  # a register transpose's edge: 8 x 8 elements, eight vectors of 32 (4-byte) or 64 bytes
-TRANSPOSE_DTYPES = ("float32", "int32", "uint32", "float64", "int64", "uint64")  # stored as themselves
+TRANSPOSE_BLOCK = 8  # a register transpose's edge: 8 x 8 elements, eight vectors of 16, 32 or 64 bytes
+# float16 is left out: converting the staged block one F16C element at a time made ``x.T * 2`` (2048^2) 1.4-1.9x
+# slower than the strided loads
+TRANSPOSE_DTYPES = ("bfloat16", "int16", "uint16", "float32", "int32", "uint32", "float64", "int64", "uint64")
 
 
 def transposed_block_loads(k: Kernel) -> list[Expr]:
     """The loads of ``k`` (last loops ``(i, j)``, ``j`` innermost) that blocks of ``TRANSPOSE_BLOCK`` x
-    ``TRANSPOSE_BLOCK`` register transposes can stage: ungated, of a 4- or 8-byte type stored as itself
-    (``TRANSPOSE_DTYPES``), with an index affine in both loops, contiguous along ``i`` and at least a block's edge
-    apart along ``j``. A block's element ``(i, j)`` offsets is then ``base + j * stride + i``."""
+    ``TRANSPOSE_BLOCK`` register transposes can stage: ungated, of a 2-, 4- or 8-byte type (``TRANSPOSE_DTYPES``;
+    the block holds what memory holds, bfloat16 still to convert), with an index affine in both loops,
+    contiguous along ``i`` and at least a block's edge apart along ``j``. A block's element ``(i, j)`` offsets is
+    then ``base + j * stride + i``."""
     if len(k.loops) < 2:
         return []
     i, j = k.loops[-2], k.loops[-1]

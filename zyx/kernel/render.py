@@ -818,7 +818,7 @@ class CRenderer(CStyleRenderer):
                              f"{zt}[zi * {b} + zj] = zs[zj * {stride}LL + zi];")
                 lines.append("#endif")
                 lines.append(f"{i2}}}")
-                staged[e] = f"{zt}[{ri}_l * {b} + {rj}_l]"
+                staged[e] = self.from_storage(f"{zt}[{ri}_l * {b} + {rj}_l]", pd)
             block_loops[loop], block_loops[inner] = ("zib", b), ("zjb", b)
             emit_loop(loop, i2)
             lines.append(f"{ind}  }}")
@@ -1327,7 +1327,7 @@ def _tiling_lanes(lanes: int, lo: str, hi: str) -> int:
 def vector_types(ind: str, ct: str, size: int, nr: int) -> list[str]:
     """GCC typedefs of ``register_transpose``'s vectors: ``zv``, ``nr`` elements of C type ``ct`` (``size`` bytes),
     and ``zm``, its shuffle masks."""
-    idx = "int" if size == 4 else "long long"
+    idx = {2: "short", 4: "int", 8: "long long"}[size]
     return [f"{ind}typedef {ct} zv __attribute__((vector_size({nr * size})));",
             f"{ind}typedef {idx} zm __attribute__((vector_size({nr * size})));"]
 
