@@ -233,7 +233,7 @@ def ungate_loads(k: Kernel) -> Kernel:
     whole loops scalar under such gates: a masked load from a loop-invariant address (a depthwise convolution's input
     gradient: 63 -> 11 ms ungated), and loads walking the loop under gates that are, or include, a condition
     invariant in it ("complicated access pattern": a strided col2im's taps, whose output row decides them; a 7x7
-    stride-2 stem's input gradient, 16x3x64x64, 0.85-1.24 -> 0.25-0.47 ms). Loads outside the innermost loop stay
+    stride-2 stem's input gradient, 16x3x64x64, 0.85-0.88 -> 0.17-0.20 ms). Loads outside the innermost loop stay
     gated: hoisting the depthwise gradient's nine gated weight loads out of its row loop made GCC spill in the
     vector loop (2.55 -> 3.41 ms)."""
     if not k.loops:

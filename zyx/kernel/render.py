@@ -845,6 +845,7 @@ class CRenderer(CStyleRenderer):
             for part in (k, *k.then):  # one scope per segment: names never leak between them
                 name.clear()
                 acc_name.clear()
+                staged.clear()
                 lines.append("  {")
                 if part.gemm is not None:
                     lines.extend(self.render_gemm(part, part.gemm, "    "))
