@@ -10,6 +10,8 @@ synchronize; inputs are realized before timing; medians after warm-up):
 - softmax over the last axis of 8192 x 8192 float32: GB/s (1 read + 1 write) and the ratio to ``torch.softmax``.
 - column sum ``x.sum(0)`` of 8192 x 8192 float32: GB/s (1 read), beside ``torch.sum(dim=0)`` and the measured copy
   bandwidth (issue 12: at least 80% of it).
+- transpose ``x.T.contiguous()`` of 8192 x 8192 float32: GB/s (1 read + 1 write) in the ``tile`` layout (the
+  heuristic's) and the ``thread`` layout (forced), beside torch and the measured copy bandwidth.
 - f16 matmul 4096^3 with cuDNN off (the generated ``mma.sync`` kernel) beside the same matmul on cuDNN (issue 12: at
   least 50% of cuDNN's TFLOP/s) and ``torch.matmul``.
 - the generated matmul's pipeline choices, cuDNN off: f16 4096^3 with 1 / 2 shared stages and ldmatrix off / on,
@@ -306,6 +308,43 @@ def case_column_sum(env: Env) -> Row:
     return row
 
 
+def case_transpose(env: Env) -> list[Row]:
+    """``x.T.contiguous()`` of 8192^2 float32: the ``tile`` layout (reads staged in shared tiles, the heuristic's
+    choice) beside the ``thread`` layout (forced: coalesced writes, reads a row apart from lane to lane), torch
+    and the device copy of the same bytes."""
+    from zyx.kernel import gpu
+
+    n = 256 if env.smoke else 8192
+    x_np = _random((n, n), "float32", 9)
+    x = env.tensor(x_np)
+    reps = env.repeats(10)
+    nbytes = 8.0 * n * n
+    rows = []
+    for name, params in (("tile layout", {}), ("thread layout", {"strategy": gpu.STRATEGIES.index("thread")})):
+        row = Row(f"transpose {n}x{n} f32 (x.T.contiguous()), {name}", "GB/s")
+        with _forced_gpu_params(env, **params):
+            row.note = _schedule_note(x.T.contiguous())
+            row.zyx = nbytes / median_s(lambda: x.T.contiguous().realize(), env.sync, reps) / 1e9
+            ok = bool(np.array_equal(x.T.contiguous().numpy(), x_np.T))
+        row.note += f"; equal to NumPy: {ok}"
+        rows.append(row)
+    if env.torch is not None:
+        tx = env.ttensor(x_np)
+        torch_gbps = nbytes / median_s(lambda: tx.T.contiguous(), env.tsync, reps) / 1e9
+        for row in rows:
+            row.torch = torch_gbps
+    pool = env.placement.pool
+    dst = pool.allocate(4 * n * n)
+    try:
+        copy = nbytes / median_s(lambda: pool.pool_to_pool(pool, x.cls.buffer.id, dst), env.sync, reps) / 1e9
+    finally:
+        pool.release(dst)
+    for row in rows:
+        row.refs["copy_GBps"] = copy
+        row.note += f"; {100 * row.zyx / copy:.0f}% of the measured copy bandwidth ({copy:.0f} GB/s)"
+    return rows
+
+
 def case_matmul_generated(env: Env, dtype: str = "float16", n: int = 4096) -> Row:
     """The generated (tensor-core ``mma.sync``) matmul, cuDNN off, beside cuDNN's on the same device."""
     if env.smoke:
@@ -545,6 +584,7 @@ def cases(env: Env) -> list[tuple[str, Callable[[], Row | list[Row]], float]]:
     out.append(("elementwise float16", lambda: case_elementwise_half(env), 30))
     out.append(("softmax", lambda: case_softmax(env), 30))
     out.append(("column sum", lambda: case_column_sum(env), 30))
+    out.append(("transpose", lambda: case_transpose(env), 30))
     out.append(("matmul generated", lambda: case_matmul_generated(env), 60))
     out.append(("matmul generated variants", lambda: case_matmul_generated_variants(env), 90))
     out.append(("tiny launches", lambda: case_tiny(env), 30))

@@ -148,9 +148,10 @@ def test_offset_view_loads_are_scalar_unless_the_offset_is_aligned():
 
 
 def test_transposed_input_is_read_by_scalar_loads():
+    """In the ``thread`` layout (the heuristic stages this read in shared tiles, ``tile``)."""
     x = leaf((1024, 1024))
     k = only_kernel(x.T + 1.0)
-    src = source_of(k, {"vector": 1})
+    src = source_of(k, {"vector": 1, "strategy": gpu.STRATEGIES.index("thread")})
     assert vector_loads(src, 1) == [] and vector_stores(src, 0) == ["float4"]
 
 

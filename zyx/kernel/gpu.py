@@ -26,6 +26,14 @@ Strategies (every kernel gets one; each is correct for every kernel it is chosen
             ``vector`` consecutive outputs of the innermost loop per thread (``plan_vector``): then each load
             and store whose index steps by one along that loop and is provably aligned is one 16-byte (or
             narrower) vector access (``float4``, ``uint4`` of 8 halves, ``double2``), the others stay scalar.
+``tile``    a kernel without reduces or scans that reads some buffer transposed (``tile_loads``: contiguous along
+            the next-to-innermost output loop ``i``, a stride apart along the innermost ``j``, which the stores
+            step along by one; both loops at least ``TILE`` long): one block of ``TILE x TILE_ROWS`` threads per
+            ``TILE x TILE`` tile of ``(i, j)`` (and iteration of the outer loops; grid-stride). Each staged load
+            is read with lanes along ``i`` into a ``__shared__ [TILE][TILE + 1]`` array (the extra column keeps
+            the column reads on distinct banks), ``__syncthreads``; then lanes along ``j`` compute the outputs,
+            reading the staged loads from the tile and writing coalesced; ``__syncthreads`` again before the
+            next tile. Both phases check the bounds. Chosen over ``thread`` whenever it applies.
 ``segments`` a kernel without reduces whose loop splits into segments (``opt.split_segments``: cat's pieces)
             runs one ``thread`` grid-stride loop per segment, one after another in one launch (``Kernel.then``),
             all with the largest block any of them wants.
@@ -77,7 +85,8 @@ Strategies (every kernel gets one; each is correct for every kernel it is chosen
 Tunable parameters (``search_space`` lists them per kernel, ``optimize(k, info, params)`` takes them; the autotuner
 times them): ``strategy`` (an index into ``STRATEGIES``) among the strategies legal for the kernel — ``group``
 always when there is a reduce; ``thread`` and ``columns`` when every top-level reduce is at the innermost depth;
-``mma`` for a contraction on tensor cores — and the sizes ``threads`` (``THREADS_PER_BLOCK``),
+``mma`` for a contraction on tensor cores; ``thread`` and ``tile`` for a kernel whose reads ``tile_loads``
+stages — and the sizes ``threads`` (``THREADS_PER_BLOCK``),
 ``elems_per_thread`` (``ELEMS_PER_THREAD``), ``warps_per_block`` (``WARP_GROUPS_PER_BLOCK``), ``mma_tile``
 (an index into ``MMA_TILES``: block tile, k step and warp grid; only those whose shared arrays fit
 ``info.local_memory_bytes`` and whose block fits the thread limit), ``mma_stages`` (``MMA_STAGES``: 2 double
@@ -244,7 +253,7 @@ class Contraction:
 class Geometry:
     """How one kernel maps onto the GPU; see the module docstring for the strategies."""
 
-    strategy: str  # "thread", "columns", "mma" or "group"
+    strategy: str  # "thread", "tile", "columns", "mma" or "group"
     split: int  # output loops [0, split) index the work items (threads or groups)
     flat: int  # output loops [split, flat) are strided over a group's threads (== split for "thread")
     items: int  # work items: threads ("thread"), outputs ("columns"), block tiles ("mma") or groups ("group")
@@ -260,12 +269,13 @@ class Geometry:
     unroll: int = 1  # for "group" / "columns": the lane-strided loops unrolled this many times (loads in flight)
     vector_loads: frozenset[Expr] = frozenset()  # loads read as 16-byte (or narrower) vectors when ``vector > 1``
     vector_stores: frozenset[int] = frozenset()  # indices into ``kernel.stores`` written as vectors
+    staged: tuple[Expr, ...] = ()  # for "tile": the loads read through shared tiles (``tile_loads``)
     grid: tuple[int, int, int] | None = None  # blocks to launch; None until the ``size_grid`` pass
 
     @property
     def per_block(self) -> int:
         """Work items per block: the grid is ``ceil(items / per_block)`` blocks, capped."""
-        if self.strategy == "mma":
+        if self.strategy in ("mma", "tile"):
             return 1
         return self.block[1] if self.strategy == "group" else self.block[0]
 
@@ -451,6 +461,38 @@ def _thread_geometry(k: Kernel, info: DeviceInfo, per_block: int = THREADS_PER_B
         n -= 1  # the scan's loop (innermost) runs serially in each thread
     items = math.prod(r.arg[1] for r in k.loops[:n])
     return Geometry("thread", n, n, items, 1, 1, _thread_block(items, per_block, info))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# shared-memory tiles of transposed reads (a kernel without reduces)
+
+TILE = 32  # a tile's edge: a warp's width, so that each phase's warp reads or writes 32 consecutive elements
+TILE_ROWS = 8  # the block is TILE x TILE_ROWS threads; each thread handles TILE / TILE_ROWS elements per phase
+TILE_MAX_LOADS = 4  # staged loads per kernel: 4 tiles of 8-byte elements take 33 KiB of the 48 KiB a block has
+
+
+def tile_loads(k: Kernel) -> list[Expr]:
+    """The loads of a kernel without reduces or scans that the ``tile`` layout stages (at most
+    ``TILE_MAX_LOADS``): those of ``ir.transposed_block_loads`` (any dtype), when the last two loops ``(i, j)`` are
+    both at least ``TILE`` long and every store steps by one along ``j`` (the ``thread`` layout then writes
+    coalesced but reads such a load a stride apart from lane to lane)."""
+    if len(k.loops) < 2 or k.then or k.reduces() or k.scan_ranges():
+        return []
+    i, j = k.loops[-2], k.loops[-1]
+    if min(i.arg[1], j.arg[1]) < TILE or any(ir.affine_coefficient(st.index, j) != 1 for st in k.stores):
+        return []
+    return ir.transposed_block_loads(k, None)[:TILE_MAX_LOADS]
+
+
+def _tile_geometry(k: Kernel, info: DeviceInfo) -> Geometry | None:
+    """One block of ``TILE x TILE_ROWS`` threads per ``TILE x TILE`` tile of the last two loops (and iteration of
+    the others), when ``tile_loads`` finds loads to stage."""
+    loads = tile_loads(k)
+    if not loads or info.max_local_threads < TILE * TILE_ROWS:
+        return None
+    n = len(k.loops)
+    items = math.prod(r.arg[1] for r in k.loops[:-2]) * math.prod(-(-r.arg[1] // TILE) for r in k.loops[-2:])
+    return Geometry("tile", n, n, items, 1, 1, (TILE, TILE_ROWS, 1), staged=tuple(loads))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -748,7 +790,7 @@ def mma_vector_fill(c: Contraction) -> tuple[bool, bool]:
     return ok(c.a, c.k if a_k else c.m), ok(c.b, c.k if b_k else c.n)
 
 
-STRATEGIES = ("thread", "group", "columns", "mma")  # the ``strategy`` parameter's values index this tuple
+STRATEGIES = ("thread", "group", "columns", "mma", "tile")  # the ``strategy`` parameter's values index this tuple
 
 Params = Mapping[str, int]
 
@@ -766,7 +808,10 @@ def _choices(k: Kernel, info: DeviceInfo, root: Block, params: Params) -> tuple[
             raise NotImplementedError(f"kernel {k.name}: a scan kernel holds no reduce (fusion stores it first)")
         return "thread", {"thread": _thread_geometry(k, info, threads)}
     if not depths:
-        return "thread", {"thread": _thread_geometry(k, info, threads)}
+        tile = _tile_geometry(k, info)
+        if tile is None:
+            return "thread", {"thread": _thread_geometry(k, info, threads)}
+        return "tile", {"thread": _thread_geometry(k, info, threads), "tile": tile}
     legal: dict[str, Geometry] = {}
     mma = _mma_geometry(k, info, params.get("mma_tile"), params.get("mma_stages"), params.get("mma_ldmatrix"),
                         params.get("mma_async"))
@@ -970,7 +1015,10 @@ def order_output_loops_pass(k: Kernel, info: DeviceInfo, p: Params) -> Kernel:
 
 def choose_layout(k: Kernel, info: DeviceInfo, p: Params) -> Kernel:
     """Attach ``Kernel.launch``: the strategy (``plan``) with its split of the loops, work items and block (the
-    ``thread`` layout scalar, the grid not yet sized)."""
+    ``thread`` layout scalar, the grid not yet sized). Segments all take the ``thread`` layout (one block shape
+    serves them all)."""
+    if k.then:
+        p = {**p, "strategy": STRATEGIES.index("thread")}
     return _each_part(lambda x: replace(x, launch=plan(x, info, p)))(k)
 
 
@@ -1113,6 +1161,6 @@ __all__ = ["Contraction", "GPU_PASSES", "Geometry", "MMA_TILES", "MmaTile", "acc
            "mma_swizzle", "mma_swizzled", "mma_tiles", "mma_vector",
            "mma_vector_fill",
            "optimize", "order_output_loops", "order_reduce_ranges", "output_blocks", "output_loops", "plan",
-           "plan_vector", "vector_piece", "contiguous_aligned",
+           "plan_vector", "tile_loads", "vector_piece", "contiguous_aligned",
            "reduce_chain", "reduce_depths", "reduce_loads", "reference_info", "search_space", "serial_lengths",
            "STRATEGIES"]

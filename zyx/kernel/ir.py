@@ -31,7 +31,7 @@ from zyx.dtypes import DType
 from zyx.ops import COMPARE, REDUCE_OPS, SCAN_OPS, Ops
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Collection, Iterator
 
     from zyx.kernel.gpu import Geometry
     from zyx.kernel.opt import GemmTile
@@ -733,18 +733,20 @@ TRANSPOSE_BLOCK = 8  # a register transpose's edge: 8 x 8 elements, eight vector
 TRANSPOSE_DTYPES = ("bfloat16", "int16", "uint16", "float32", "int32", "uint32", "float64", "int64", "uint64")
 
 
-def transposed_block_loads(k: Kernel) -> list[Expr]:
+def transposed_block_loads(k: Kernel, dtype_names: Collection[str] | None = TRANSPOSE_DTYPES) -> list[Expr]:
     """The loads of ``k`` (last loops ``(i, j)``, ``j`` innermost) that blocks of ``TRANSPOSE_BLOCK`` x
     ``TRANSPOSE_BLOCK`` register transposes can stage: ungated, of a 2-, 4- or 8-byte type (``TRANSPOSE_DTYPES``;
     the block holds what memory holds, bfloat16 still to convert), with an index affine in both loops,
     contiguous along ``i`` and at least a block's edge apart along ``j``. A block's element ``(i, j)`` offsets is
-    then ``base + j * stride + i``."""
+    then ``base + j * stride + i``. ``dtype_names=None`` takes every type (the GPU's shared-memory tiles, which
+    hold any element)."""
     if len(k.loops) < 2:
         return []
     i, j = k.loops[-2], k.loops[-1]
     out = []
     for e in toposort([s.value for s in k.stores]):
-        if e.op is not Ops.LOAD or len(e.srcs) > 1 or k.params[e.arg].dtype.name not in TRANSPOSE_DTYPES:
+        if e.op is not Ops.LOAD or len(e.srcs) > 1 or \
+                (dtype_names is not None and k.params[e.arg].dtype.name not in dtype_names):
             continue
         sj = affine_coefficient(e.srcs[0], j)
         if affine_coefficient(e.srcs[0], i) == 1 and sj is not None and abs(sj) >= TRANSPOSE_BLOCK:

@@ -412,6 +412,8 @@ class _Writer:
     def kernel(self, root: Block) -> None:
         if self.g.strategy == "thread":
             self.thread_frame(root)
+        elif self.g.strategy == "tile":
+            self.tile_frame(root)
         elif self.g.strategy == "columns":
             self.columns_frame(root)
         elif self.g.strategy == "mma":
@@ -989,6 +991,76 @@ class _Writer:
         if s < len(loops):
             self.serial_loop(loops[s], ind)
         for blk in reversed(blocks[:s + 1]):
+            self.tail(blk, ind)
+        self.emit("  ", "}")
+
+    def tile_frame(self, root: Block) -> None:
+        """One ``TILE x TILE`` tile of the last two loops ``(i, j)`` per block and grid-stride step (see ``gpu``):
+        thread ``(zx, zy)`` first reads each staged load at ``(i0 + zx, j0 + zy + 8q)`` into ``zt[zy + 8q][zx]``,
+        then computes output ``(i0 + zy + 8q, j0 + zx)`` reading ``zt[zx][zy + 8q]``. Statements of the outer
+        loops run once per tile, those of ``i`` and ``j`` per output."""
+        g, r, params = self.g, self.r, self.k.params
+        blocks, loops = gpu.output_blocks(root), gpu.output_loops(root)
+        n = len(loops)
+        ri, rj = loops[-2].range, loops[-1].range
+        si, sj = ri.arg[1], rj.arg[1]
+        edge, rows = gpu.TILE, gpu.TILE_ROWS
+        ti, tj = -(-si // edge), -(-sj // edge)
+        tiles: dict[Expr, str] = {}
+        for m, ld in enumerate(g.staged):
+            tiles[ld] = f"zt{m}"
+            self.shared.append(f"  __shared__ {r.storage_type(params[ld.arg].dtype)} zt{m}[{edge}][{edge + 1}];")
+        it = index_type(g.items + g.grid[0])
+        ii, ij = index_type(si + edge), index_type(sj + edge)
+        self.emit("  ", "const int zx = threadIdx.x, zy = threadIdx.y;")
+        self.emit("  ", f"for ({it} zb = ({it})blockIdx.x; zb < {g.items}; zb += ({it})gridDim.x) {{")
+        ind = "    "
+        if n > 2:
+            self.emit(ind, f"const {it} zq = zb / {ti * tj};")
+            self.decode(loops[:-2], "zq", ind)
+        self.emit(ind, f"const {ii} zi0 = ({ii})((zb % {ti * tj}) / {tj}) * {edge};")
+        self.emit(ind, f"const {ij} zj0 = ({ij})(zb % {tj}) * {edge};")
+        for blk in blocks[:n - 1]:
+            self.stmts(blk, ind)
+        i2, i3 = ind + "  ", ind + "    "
+        # phase 1: lanes along i (each staged load is contiguous there)
+        self.emit(ind, f"for (int zr = 0; zr < {edge}; zr += {rows}) {{")
+        self.emit(i2, f"const {ii} {range_name(ri)} = zi0 + zx;")
+        self.emit(i2, f"const {ij} {range_name(rj)} = zj0 + zy + zr;")
+        self.emit(i2, f"if ({range_name(ri)} < {si} && {range_name(rj)} < {sj}) {{")
+        saved = dict(self.name)
+        for ld in g.staged:
+            for e in ir.toposort([ld.srcs[0]]):
+                if e.op not in (Ops.CONST, Ops.RANGE) and e not in self.name:
+                    self.define(e, i3)
+            at = r.operand_namer(ld, self.name)(ld.srcs[0])
+            self.emit(i3, f"{tiles[ld]}[zy + zr][zx] = p{ld.arg}[{at}];")
+        self.name = saved
+        self.emit(i2, "}")
+        self.emit(ind, "}")
+        self.emit(ind, "__syncthreads();")
+        # phase 2: lanes along j (the stores are contiguous there)
+        self.emit(ind, f"for (int zr = 0; zr < {edge}; zr += {rows}) {{")
+        self.emit(i2, f"const {ii} {range_name(ri)} = zi0 + zy + zr;")
+        self.emit(i2, f"const {ij} {range_name(rj)} = zj0 + zx;")
+        self.emit(i2, f"if ({range_name(ri)} < {si} && {range_name(rj)} < {sj}) {{")
+        saved = dict(self.name)
+        self.stmts(blocks[n - 1], i3)
+        for st in blocks[n].stmts:
+            if isinstance(st, Expr) and st in tiles:
+                v = self.fresh("v")
+                value = r.from_storage(f"{tiles[st]}[zx][zy + zr]", params[st.arg].dtype)
+                self.emit(i3, f"const {r.value_type(st)} {v} = {value};")
+                self.name[st] = v
+            else:
+                self.stmts(Block(stmts=[st]), i3)
+        self.tail(blocks[n], i3)
+        self.tail(blocks[n - 1], i3)
+        self.name = saved
+        self.emit(i2, "}")
+        self.emit(ind, "}")
+        self.emit(ind, "__syncthreads();")
+        for blk in reversed(blocks[:n - 1]):
             self.tail(blk, ind)
         self.emit("  ", "}")
 
