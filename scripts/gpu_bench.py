@@ -12,6 +12,8 @@ synchronize; inputs are realized before timing; medians after warm-up):
   bandwidth (issue 12: at least 80% of it).
 - transpose ``x.T.contiguous()`` of 8192 x 8192 float32: GB/s (1 read + 1 write) in the ``tile`` layout (the
   heuristic's) and the ``thread`` layout (forced), beside torch and the measured copy bandwidth.
+- ``x.sum((2, 3)).sum(0)`` of 32x256x56x56 float32: GB/s with ``merge_reduces`` on (one reduce, lanes along the
+  image) and off (nested, lanes along the batch), beside torch.
 - f16 matmul 4096^3 with cuDNN off (the generated ``mma.sync`` kernel) beside the same matmul on cuDNN (issue 12: at
   least 50% of cuDNN's TFLOP/s) and ``torch.matmul``.
 - the generated matmul's pipeline choices, cuDNN off: f16 4096^3 with 1 / 2 shared stages and ldmatrix off / on,
@@ -345,6 +347,43 @@ def case_transpose(env: Env) -> list[Row]:
     return rows
 
 
+def case_nested_sum(env: Env) -> list[Row]:
+    """``x.sum((2, 3)).sum(0)`` of 32x256x56x56 float32 (a depthwise convolution's weight gradient sums so): one
+    kernel, its reduces merged (``merge_reduces``, the default: the lanes walk the image) and nested (the pass off:
+    the lanes walk the batch), beside torch and the copy bandwidth. GB/s counts the input read once."""
+    from zyx.graph import schedule
+    from zyx.kernel import gpu
+
+    shape = (4, 16, 8, 8) if env.smoke else (32, 256, 56, 56)
+    x_np = _random(shape, "float32", 10)
+    x = env.tensor(x_np)
+    reps = env.repeats(10)
+    nbytes = 4.0 * x_np.size
+    want = x_np.astype(np.float64).sum((2, 3)).sum(0)
+    rows = []
+    for name, off in (("merged", ()), ("nested (merge_reduces off)", ("merge_reduces",))):
+        row = Row(f"sum over the batch of sums over the image {'x'.join(map(str, shape))} f32, {name}", "GB/s")
+        was = set(gpu.DISABLED)
+        gpu.DISABLED.update(off)
+        schedule.clear_cache()
+        try:
+            row.note = _schedule_note(x.sum((2, 3)).sum(0))
+            row.zyx = nbytes / median_s(lambda: x.sum((2, 3)).sum(0).realize(), env.sync, reps) / 1e9
+            err = float(np.max(np.abs(x.sum((2, 3)).sum(0).numpy() - want) / np.max(np.abs(want))))
+        finally:
+            gpu.DISABLED.clear()
+            gpu.DISABLED.update(was)
+            schedule.clear_cache()
+        row.note += f"; max rel err vs float64 NumPy {err:.1e}"
+        rows.append(row)
+    if env.torch is not None:
+        tx = env.ttensor(x_np)
+        torch_gbps = nbytes / median_s(lambda: tx.sum((2, 3)).sum(0), env.tsync, reps) / 1e9
+        for row in rows:
+            row.torch = torch_gbps
+    return rows
+
+
 def case_matmul_generated(env: Env, dtype: str = "float16", n: int = 4096) -> Row:
     """The generated (tensor-core ``mma.sync``) matmul, cuDNN off, beside cuDNN's on the same device."""
     if env.smoke:
@@ -585,6 +624,7 @@ def cases(env: Env) -> list[tuple[str, Callable[[], Row | list[Row]], float]]:
     out.append(("softmax", lambda: case_softmax(env), 30))
     out.append(("column sum", lambda: case_column_sum(env), 30))
     out.append(("transpose", lambda: case_transpose(env), 30))
+    out.append(("nested sum", lambda: case_nested_sum(env), 30))
     out.append(("matmul generated", lambda: case_matmul_generated(env), 60))
     out.append(("matmul generated variants", lambda: case_matmul_generated_variants(env), 90))
     out.append(("tiny launches", lambda: case_tiny(env), 30))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import host_without_blas, kernels_of
+from conftest import gpu_passes_off, host_without_blas, kernels_of
 
 import zyx
 from zyx import dtypes
@@ -110,6 +110,31 @@ def test_every_reduce_reads_coalesced_when_some_layout_can(shape, axis):
             assert inner is None or not gpu.coalesced_across([ld for r in gpu._top_reduces(root, len(loops))
                                                               for ld in gpu.reduce_loads(r)], inner), \
                 (k.name, gpu.geometry(ko), strides)
+
+
+def test_nested_reduces_merge_so_that_the_lanes_read_adjacent_elements():
+    """A depthwise convolution's weight gradient sums over the batch the sums over the image: merged
+    (``merge_nested_reduces``) the group's lanes walk the image's contiguous axis instead of the batch (4 images
+    50176 floats apart: 4 of 32 lanes busy). A max of maxes merges too; a sum of maxes does not."""
+    from zyx.nn import functional as F
+
+    x, w = zyx.Tensor(np.zeros((4, 64, 28, 28), np.float32), requires_grad=True), \
+        zyx.Tensor(np.zeros((64, 1, 3, 3), np.float32), requires_grad=True)
+    F.conv2d(x, w, padding=1, groups=64).sum().backward()
+    (k,) = [k for k in kernels_of(w.grad) if k.reduces()]
+
+    def nested(k: Kernel) -> bool:
+        return any(e.srcs[0].op is Ops.REDUCE for e in k.reduces())
+
+    assert nested(k)
+    on = gpu.optimize(k, INFO)
+    assert not nested(on) and gpu.geometry(on).strategy == "group" and set(gpu.lane_strides(on).values()) == {1}
+    with gpu_passes_off("merge_reduces"):
+        off = gpu.optimize(k, INFO)
+    assert nested(off) and 64 * 28 * 28 in gpu.lane_strides(off).values()  # one image to the next
+    y = lazy((8, 64, 14, 14))
+    assert not nested(gpu.optimize(only_kernel(y.max((2, 3)).max(0)), INFO))
+    assert nested(gpu.optimize(only_kernel(y.max((2, 3)).sum(0)), INFO))
 
 
 def test_loop_order_passes_put_the_contiguous_loop_innermost():

@@ -51,9 +51,12 @@ PROGRAMS = {
                        lambda x: x.transpose(2, 1, 0).sum((1, 2))),
     # out[i, j] = sum_r x[r, j, i]: output loop i (stride 1) goes inside, so a warp's lanes read a row
     "transposed_columns": ([(300, 8, 64)], lambda x: x.permute(2, 1, 0).sum(2), lambda x: x.transpose(2, 1, 0).sum(2)),
+    # a sum over the batch of sums over the image: one reduce over both
+    "nested_sum": ([(8, 64, 14, 14)], lambda x: x.sum((2, 3)).sum(0), lambda x: x.sum((2, 3)).sum(0)),
 }
 # the sample each optional pass changes (``test_an_optional_pass_changes_some_kernel``)
-CHANGED_BY = {"split_segments": "cat", "merge_loops": "elementwise_2d", "order_reduce_ranges": "transposed_sum",
+CHANGED_BY = {"split_segments": "cat", "merge_loops": "elementwise_2d", "merge_reduces": "nested_sum",
+              "order_reduce_ranges": "transposed_sum",
               "order_output_loops": "transposed_columns", "vectorize": "elementwise"}
 
 

@@ -2,9 +2,10 @@
 
 ``optimize(kernel, info)`` runs the GPU passes (``GPU_PASSES``), each a function from kernel to kernel: ``normalize``
 (unit loops dropped, host annotations cleared), ``split_segments`` (cat's pieces as ``Kernel.then``), ``merge_loops``,
-``order_reduce_ranges``, ``order_output_loops`` (loop order, below), ``choose_layout`` (the strategy, the split of
-the loops between work items, group lanes and serial loops, the block), ``vectorize`` (outputs per thread of the
-``thread`` layout), ``size_grid`` (the grid; one block for all segments) and ``widen_accumulators``. The launch is
+``merge_reduces`` (a reduce of a reduce of the same op as one), ``order_reduce_ranges``, ``order_output_loops``
+(loop order, below), ``choose_layout`` (the strategy, the split of the loops between work items, group lanes and
+serial loops, the block), ``vectorize`` (outputs per thread of the ``thread`` layout), ``size_grid`` (the grid;
+one block for all segments) and ``widen_accumulators``. The launch is
 the kernel's ``launch`` field (a ``Geometry``, part of the kernel's identity), not a side table; ``render_cuda``
 follows it. The passes in ``OPTIONAL_PASSES`` change only speed, and tests run with each switched off
 (``DISABLED``).
@@ -884,6 +885,24 @@ def _step_cost(loads: Sequence[Expr], r: Expr) -> int:
     return sum(far if (c := ir.affine_coefficient(ld.srcs[0], r)) is None else abs(c) for ld in loads if r in ld.ranges)
 
 
+def merge_nested_reduces(k: Kernel) -> Kernel:
+    """A reduce whose body is a reduce of the same op and dtype becomes one reduce over both's ranges (the outer
+    ones first): the same terms in another order (exact for max, min and integers; a float sum rounds as under
+    any reordering), so that a cooperative layout spreads its lanes over all of them. A depthwise convolution's
+    weight gradient, a sum over a batch of 4 of sums over the image, had its group's 32 lanes on the 4 images,
+    each lane a 50176-float stride from the next."""
+    mapping: dict[Expr, Expr] = {}
+    for e in ir.toposort([st.value for st in k.stores] + [st.index for st in k.stores]):
+        if e.op is not Ops.REDUCE:
+            continue
+        value = ir.substitute(e.srcs[0], mapping) if mapping else e.srcs[0]
+        if value.op is Ops.REDUCE and value.arg[0] is e.arg[0] and value.dtype is e.dtype:
+            mapping[e] = ir.reduce(e.arg[0], value.srcs[0], e.arg[1] + value.arg[1], e.dtype)
+        elif value is not e.srcs[0]:
+            mapping[e] = ir.reduce(e.arg[0], value, e.arg[1], e.dtype)
+    return replace(k, stores=_substitute_stores(k, mapping)) if mapping else k
+
+
 def order_reduce_ranges(k: Kernel) -> Kernel:
     """Reorder each multi-range reduce's loops so that the one its loads step through most finely is innermost
     (stable: ties keep their order). A cooperative reduce strides its threads along the innermost flattened loop,
@@ -1003,6 +1022,11 @@ def merge_loops(k: Kernel, info: DeviceInfo, p: Params) -> Kernel:
     return _each_part(opt.merge_loops)(k)
 
 
+def merge_reduces(k: Kernel, info: DeviceInfo, p: Params) -> Kernel:
+    """``merge_nested_reduces`` on each segment."""
+    return _each_part(merge_nested_reduces)(k)
+
+
 def order_reduce_ranges_pass(k: Kernel, info: DeviceInfo, p: Params) -> Kernel:
     """``order_reduce_ranges`` on each segment."""
     return _each_part(order_reduce_ranges)(k)
@@ -1065,13 +1089,14 @@ def widen_accumulators(k: Kernel, info: DeviceInfo, p: Params) -> Kernel:
 
 GPU_PASSES: tuple[tuple[str, Pass], ...] = (
     ("normalize", normalize), ("split_segments", split_segments), ("merge_loops", merge_loops),
-    ("order_reduce_ranges", order_reduce_ranges_pass), ("order_output_loops", order_output_loops_pass),
+    ("merge_reduces", merge_reduces), ("order_reduce_ranges", order_reduce_ranges_pass),
+    ("order_output_loops", order_output_loops_pass),
     ("choose_layout", choose_layout), ("vectorize", vectorize), ("size_grid", size_grid),
     ("widen_accumulators", widen_accumulators))
 PASS_NAMES = tuple(name for name, _ in GPU_PASSES)
 # passes that only change speed: tests switch them off (``DISABLED``) and compare results
-OPTIONAL_PASSES = frozenset({"split_segments", "merge_loops", "order_reduce_ranges", "order_output_loops",
-                             "vectorize"})
+OPTIONAL_PASSES = frozenset({"split_segments", "merge_loops", "merge_reduces", "order_reduce_ranges",
+                             "order_output_loops", "vectorize"})
 DISABLED: set[str] = set()
 
 
@@ -1159,7 +1184,7 @@ __all__ = ["Contraction", "GPU_PASSES", "Geometry", "MMA_TILES", "MmaTile", "acc
            "find_contraction", "flatten_count", "geometry", "lane_strides", "mma_fill_order", "mma_k", "mma_pack",
            "MMA_STAGES", "mma_async_applies", "mma_async_stages", "mma_ldmatrix_applies",
            "mma_swizzle", "mma_swizzled", "mma_tiles", "mma_vector",
-           "mma_vector_fill",
+           "mma_vector_fill", "merge_nested_reduces",
            "optimize", "order_output_loops", "order_reduce_ranges", "output_blocks", "output_loops", "plan",
            "plan_vector", "tile_loads", "vector_piece", "contiguous_aligned",
            "reduce_chain", "reduce_depths", "reduce_loads", "reference_info", "search_space", "serial_lengths",
