@@ -14,6 +14,10 @@ synchronize; inputs are realized before timing; medians after warm-up):
   heuristic's) and the ``thread`` layout (forced), beside torch and the measured copy bandwidth.
 - ``x.sum((2, 3)).sum(0)`` of 32x256x56x56 float32: GB/s with ``merge_reduces`` on (one reduce, lanes along the
   image) and off (nested, lanes along the batch), beside torch.
+- an embedding's weight gradient (30000x256 float32, 64x128 lookups): ms in the ``scatter`` layout and the
+  ``group`` layout (forced), beside torch.
+- ``x.cumsum(1)`` of 4096x4096 float32: GB/s in the ``scan`` layout and the ``thread`` layout (forced), beside
+  torch.
 - f16 matmul 4096^3 with cuDNN off (the generated ``mma.sync`` kernel) beside the same matmul on cuDNN (issue 12: at
   least 50% of cuDNN's TFLOP/s) and ``torch.matmul``.
 - the generated matmul's pipeline choices, cuDNN off: f16 4096^3 with 1 / 2 shared stages and ldmatrix off / on,
@@ -384,6 +388,81 @@ def case_nested_sum(env: Env) -> list[Row]:
     return rows
 
 
+def case_embedding_backward(env: Env) -> list[Row]:
+    """The weight gradient of an embedding of 30000x256 float32 read at 64x128 indices (the cross-entropy
+    models' first layer): the ``scatter`` layout (the heuristic's: bins of rows per thread) beside the ``group``
+    layout (forced: every row compares every index), torch, ms per gradient (the forward's lookups included)."""
+    from zyx.kernel import gpu
+    from zyx.nn import functional as F
+
+    rows, dim, lookups = (300, 16, (4, 8)) if env.smoke else (30000, 256, (64, 128))
+    rng = np.random.default_rng(11)
+    idx_np = rng.integers(0, rows, lookups)
+    g_np = rng.standard_normal((*lookups, dim)).astype(np.float32)
+    idx, g = env.tensor(idx_np), env.tensor(g_np)
+    w = zyx.Tensor(np.zeros((rows, dim), np.float32), device=env.device, requires_grad=True).realize()
+    want = np.zeros((rows, dim), np.float64)
+    np.add.at(want, idx_np, g_np.astype(np.float64))
+    reps = env.repeats(10)
+
+    def grad():
+        w.grad = None
+        (F.embedding(idx, w) * g).sum().backward()
+        return w.grad.realize()
+
+    out = []
+    for name, params in (("scatter layout", {}), ("group layout", {"strategy": gpu.STRATEGIES.index("group")})):
+        row = Row(f"embedding {rows}x{dim} backward, {'x'.join(map(str, lookups))} lookups f32, {name}", "ms")
+        with _forced_gpu_params(env, **params):
+            row.zyx = 1e3 * median_s(grad, env.sync, reps)
+            err = float(np.max(np.abs(grad().numpy() - want)))
+        row.note = f"max abs err vs float64 NumPy {err:.1e}"
+        out.append(row)
+    if env.torch is not None:
+        t = env.torch
+        tw = t.zeros((rows, dim), device=env.tdev, requires_grad=True)
+        ti, tg = env.ttensor(idx_np), env.ttensor(g_np)
+
+        def tgrad():
+            tw.grad = None
+            (t.nn.functional.embedding(ti, tw) * tg).sum().backward()
+            return tw.grad
+
+        ms = 1e3 * median_s(tgrad, env.tsync, reps)
+        for row in out:
+            row.torch = ms
+    return out
+
+
+def case_cumsum(env: Env) -> list[Row]:
+    """``x.cumsum(1)`` of 4096x4096 float32 (rows scanned in chunks of 1024, then across the chunks): the ``scan``
+    layout (the heuristic's: a group of lanes per row, each a chunk) beside the ``thread`` layout (forced: one
+    thread per row, serial) and torch. GB/s counts one read and one write."""
+    from zyx.kernel import gpu
+
+    n = 256 if env.smoke else 4096
+    x_np = _random((n, n), "float32", 12)
+    x = env.tensor(x_np)
+    reps = env.repeats(10)
+    nbytes = 8.0 * n * n
+    want = np.cumsum(x_np[:8].astype(np.float64), 1)
+    rows = []
+    for name, params in (("scan layout", {}), ("thread layout", {"strategy": gpu.STRATEGIES.index("thread")})):
+        row = Row(f"cumsum {n}x{n} f32 along rows, {name}", "GB/s")
+        with _forced_gpu_params(env, **params):
+            row.note = _schedule_note(x.cumsum(1))
+            row.zyx = nbytes / median_s(lambda: x.cumsum(1).realize(), env.sync, reps) / 1e9
+            err = float(np.max(np.abs(x.cumsum(1).numpy()[:8] - want)))
+        row.note += f"; max abs err vs float64 NumPy (8 rows) {err:.1e}"
+        rows.append(row)
+    if env.torch is not None:
+        tx = env.ttensor(x_np)
+        gbps = nbytes / median_s(lambda: env.torch.cumsum(tx, 1), env.tsync, reps) / 1e9
+        for row in rows:
+            row.torch = gbps
+    return rows
+
+
 def case_matmul_generated(env: Env, dtype: str = "float16", n: int = 4096) -> Row:
     """The generated (tensor-core ``mma.sync``) matmul, cuDNN off, beside cuDNN's on the same device."""
     if env.smoke:
@@ -625,6 +704,8 @@ def cases(env: Env) -> list[tuple[str, Callable[[], Row | list[Row]], float]]:
     out.append(("column sum", lambda: case_column_sum(env), 30))
     out.append(("transpose", lambda: case_transpose(env), 30))
     out.append(("nested sum", lambda: case_nested_sum(env), 30))
+    out.append(("embedding backward", lambda: case_embedding_backward(env), 45))
+    out.append(("cumsum", lambda: case_cumsum(env), 30))
     out.append(("matmul generated", lambda: case_matmul_generated(env), 60))
     out.append(("matmul generated variants", lambda: case_matmul_generated_variants(env), 90))
     out.append(("tiny launches", lambda: case_tiny(env), 30))

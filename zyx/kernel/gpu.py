@@ -35,6 +35,20 @@ Strategies (every kernel gets one; each is correct for every kernel it is chosen
             the column reads on distinct banks), ``__syncthreads``; then lanes along ``j`` compute the outputs,
             reading the staged loads from the tile and writing coalesced; ``__syncthreads`` again before the
             next tile. Both phases check the bounds. Chosen over ``thread`` whenever it applies.
+``scatter`` a one-hot sum (``opt.one_hot_sum``: ``out[v, o] = sum_n (index(n) == v ? x(n, o) : 0)``, an
+            embedding's or a gather's gradient), turned around as the host's ``opt.scatter_one_hot``: one thread per
+            bin of rows ``v`` and iteration of the other output loops (those fastest: a warp's lanes walk ``o``)
+            zeroes its rows, then runs the sum's iterations in order and adds ``x(n, o)`` at row ``index(n)``
+            when that row is in its bin. Each output element has one writer, so no atomics and no barrier; the
+            work is bins times the sum instead of every row times it (``SCATTER_THREADS`` sets the bins). Chosen
+            whenever it applies (before every reduce layout, after ``mma``).
+``scan``    a kernel whose scans (cumulative sums and products) all run along its innermost loop, at least
+            ``SCAN_MIN`` long (``_scan_geometry``): one group of ``G`` lanes (32 to 1024, about ``SCAN_CHUNK``
+            elements each) per iteration of the outer loops. Lane ``l`` folds the inputs of its contiguous chunk
+            into a total; an inclusive ``__shfl_up_sync`` scan of the totals across the warp, shifted by one lane,
+            plus the earlier warps' totals (shared memory) give its exclusive prefix, which starts the running
+            value; then the lane runs its chunk as ``thread`` runs the whole loop (elementwise work before and
+            after the scan, the stores). Chosen over ``thread`` whenever it applies.
 ``segments`` a kernel without reduces whose loop splits into segments (``opt.split_segments``: cat's pieces)
             runs one ``thread`` grid-stride loop per segment, one after another in one launch (``Kernel.then``),
             all with the largest block any of them wants.
@@ -87,7 +101,8 @@ Tunable parameters (``search_space`` lists them per kernel, ``optimize(k, info, 
 times them): ``strategy`` (an index into ``STRATEGIES``) among the strategies legal for the kernel — ``group``
 always when there is a reduce; ``thread`` and ``columns`` when every top-level reduce is at the innermost depth;
 ``mma`` for a contraction on tensor cores; ``thread`` and ``tile`` for a kernel whose reads ``tile_loads``
-stages — and the sizes ``threads`` (``THREADS_PER_BLOCK``),
+stages; ``scatter`` for a one-hot sum; ``thread`` and ``scan`` for a long scan — and the sizes ``threads``
+(``THREADS_PER_BLOCK``),
 ``elems_per_thread`` (``ELEMS_PER_THREAD``), ``warps_per_block`` (``WARP_GROUPS_PER_BLOCK``), ``mma_tile``
 (an index into ``MMA_TILES``: block tile, k step and warp grid; only those whose shared arrays fit
 ``info.local_memory_bytes`` and whose block fits the thread limit), ``mma_stages`` (``MMA_STAGES``: 2 double
@@ -254,7 +269,7 @@ class Contraction:
 class Geometry:
     """How one kernel maps onto the GPU; see the module docstring for the strategies."""
 
-    strategy: str  # "thread", "tile", "columns", "mma" or "group"
+    strategy: str  # "thread", "tile", "scatter", "scan", "columns", "mma" or "group"
     split: int  # output loops [0, split) index the work items (threads or groups)
     flat: int  # output loops [split, flat) are strided over a group's threads (== split for "thread")
     items: int  # work items: threads ("thread"), outputs ("columns"), block tiles ("mma") or groups ("group")
@@ -271,6 +286,7 @@ class Geometry:
     vector_loads: frozenset[Expr] = frozenset()  # loads read as 16-byte (or narrower) vectors when ``vector > 1``
     vector_stores: frozenset[int] = frozenset()  # indices into ``kernel.stores`` written as vectors
     staged: tuple[Expr, ...] = ()  # for "tile": the loads read through shared tiles (``tile_loads``)
+    scatter: tuple[Expr, Expr, int] | None = None  # for "scatter": target loop, row index, rows per thread
     grid: tuple[int, int, int] | None = None  # blocks to launch; None until the ``size_grid`` pass
 
     @property
@@ -278,7 +294,7 @@ class Geometry:
         """Work items per block: the grid is ``ceil(items / per_block)`` blocks, capped."""
         if self.strategy in ("mma", "tile"):
             return 1
-        return self.block[1] if self.strategy == "group" else self.block[0]
+        return self.block[1] if self.strategy in ("group", "scan") else self.block[0]
 
     @property
     def block_threads(self) -> int:
@@ -494,6 +510,63 @@ def _tile_geometry(k: Kernel, info: DeviceInfo) -> Geometry | None:
     n = len(k.loops)
     items = math.prod(r.arg[1] for r in k.loops[:-2]) * math.prod(-(-r.arg[1] // TILE) for r in k.loops[-2:])
     return Geometry("tile", n, n, items, 1, 1, (TILE, TILE_ROWS, 1), staged=tuple(loads))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# scans split across a group's lanes
+
+SCAN_MIN = 64  # a scan loop at least this long takes the scan layout
+SCAN_CHUNK = 16  # the scan layout aims at this many elements per lane (groups of 32 to 1024 lanes)
+SCAN_DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "uint32", "int64", "uint64")  # shuffled as such
+
+
+def _scan_geometry(k: Kernel, info: DeviceInfo) -> Geometry | None:
+    """One group of ``G`` lanes per iteration of the outer loops of a kernel whose scans all run along its
+    innermost loop (at least ``SCAN_MIN`` long): lane ``l`` takes the ``l``-th of ``G`` contiguous chunks of that
+    loop, folds its chunk's inputs into a total, the group's exclusive prefix of the totals (warp shuffles, shared
+    memory across warps) starts its running value, and the lane runs its chunk as the ``thread`` layout runs the
+    whole loop. The inputs are read twice; the loop's ``L`` steps become ``2L / G`` per lane. Not for scans whose
+    input reads another scan, nor for stores outside the scan loop."""
+    scans = [e for e in ir.toposort([st.value for st in k.stores]) if e.op is Ops.SCAN]
+    if not scans or not k.loops or k.then or k.reduces() or k.scan_ranges() != {k.loops[-1]}:
+        return None
+    size = k.loops[-1].arg[1]
+    if size < SCAN_MIN or any(e.dtype.name not in SCAN_DTYPES for e in scans) or \
+            any(k.loops[-1] not in st.index.ranges for st in k.stores) or \
+            any(x.op is Ops.SCAN for e in scans for x in ir.toposort([e.srcs[0]])):
+        return None
+    lanes = min(1024, max(WARP, 1 << (-(-size // SCAN_CHUNK) - 1).bit_length()), info.max_local_threads)
+    per_block = THREADS_PER_BLOCK // WARP if lanes == WARP else 1  # wider groups meet barriers: one per block
+    n = len(k.loops) - 1
+    items = math.prod(r.arg[1] for r in k.loops[:n])
+    return Geometry("scan", n, n, items, lanes, per_block, (lanes, per_block, 1))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# one-hot sums turned around (an embedding's or a gather's gradient)
+
+SCATTER_THREADS = 32768  # the scatter layout splits the target rows into bins until it has this many threads
+
+
+def _scatter_geometry(k: Kernel, info: DeviceInfo, threads: int = THREADS_PER_BLOCK) -> Geometry | None:
+    """``out[v, o] = sum_n (index(n) == v ? x(n, o) : 0)`` (``opt.one_hot_sum``) as a scatter that keeps every
+    output element on one thread: thread ``(bin, o)`` zeroes the rows ``v`` of its bin at ``o``, then runs the
+    sum's iterations in order and adds ``x(n, o)`` at row ``index(n)`` when that row is in its bin. Work: bins
+    times the sum's iterations times the other axes ``o``, instead of every row times them; no atomics, and each
+    element adds its terms in the sum's order (in the output's dtype, as the host's ``opt.scatter_one_hot``)."""
+    if k.then or len(k.stores) != 1:
+        return None
+    (st,) = k.stores
+    found = opt.one_hot_sum(st.value, k.loops)
+    if found is None or st.value.dtype is not k.params[st.param].dtype or found[0] not in st.index.ranges:
+        return None
+    target, index, _ = found
+    rows = target.arg[1]
+    others = math.prod(r.arg[1] for r in k.loops if r is not target)
+    per = -(-rows // max(1, min(rows, SCATTER_THREADS // others)))  # rows per bin
+    items = -(-rows // per) * others
+    return Geometry("scatter", len(k.loops), len(k.loops), items, 1, 1, _thread_block(items, threads, info),
+                    scatter=(target, index, per))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -791,7 +864,8 @@ def mma_vector_fill(c: Contraction) -> tuple[bool, bool]:
     return ok(c.a, c.k if a_k else c.m), ok(c.b, c.k if b_k else c.n)
 
 
-STRATEGIES = ("thread", "group", "columns", "mma", "tile")  # the ``strategy`` parameter's values index this tuple
+# the ``strategy`` parameter's values index this tuple
+STRATEGIES = ("thread", "group", "columns", "mma", "tile", "scatter", "scan")
 
 Params = Mapping[str, int]
 
@@ -807,7 +881,10 @@ def _choices(k: Kernel, info: DeviceInfo, root: Block, params: Params) -> tuple[
     if k.scan_ranges():
         if depths:
             raise NotImplementedError(f"kernel {k.name}: a scan kernel holds no reduce (fusion stores it first)")
-        return "thread", {"thread": _thread_geometry(k, info, threads)}
+        scan = _scan_geometry(k, info)
+        if scan is None:
+            return "thread", {"thread": _thread_geometry(k, info, threads)}
+        return "scan", {"thread": _thread_geometry(k, info, threads), "scan": scan}
     if not depths:
         tile = _tile_geometry(k, info)
         if tile is None:
@@ -825,8 +902,13 @@ def _choices(k: Kernel, info: DeviceInfo, root: Block, params: Params) -> tuple[
         cols = _columns_geometry(root, info, elems)
         if cols is not None:
             legal["columns"] = cols
+    scatter = _scatter_geometry(k, info, threads)
+    if scatter is not None:
+        legal["scatter"] = scatter
     if mma is not None:
         return "mma", legal
+    if scatter is not None:
+        return "scatter", legal
     if s == len(k.loops) and _prefer_thread(k, root, info):
         return "thread", legal
     if cols is not None and _columns_pay(root, cols):

@@ -414,6 +414,10 @@ class _Writer:
             self.thread_frame(root)
         elif self.g.strategy == "tile":
             self.tile_frame(root)
+        elif self.g.strategy == "scatter":
+            self.scatter_frame(root)
+        elif self.g.strategy == "scan":
+            self.scan_frame(root)
         elif self.g.strategy == "columns":
             self.columns_frame(root)
         elif self.g.strategy == "mma":
@@ -1063,6 +1067,136 @@ class _Writer:
         for blk in reversed(blocks[:n - 1]):
             self.tail(blk, ind)
         self.emit("  ", "}")
+
+    def scatter_frame(self, root: Block) -> None:
+        """One thread per bin of target rows and iteration of the other output loops (those fastest, so a warp's
+        lanes walk them): zero the bin's rows, then add ``x`` at row ``index`` for each iteration of the sum's
+        ranges in order, when that row is in the bin (see ``gpu._scatter_geometry``). Every output element is
+        written by one thread only, in the sum's order."""
+        g, r, k = self.g, self.r, self.k
+        target, index, per = g.scatter
+        (st,) = k.stores
+        red = st.value
+        x = red.srcs[0].srcs[1]
+        p = k.params[st.param]
+        others = [lp for lp in gpu.output_loops(root) if lp.range is not target]
+        rows = target.arg[1]
+        count = math.prod(lp.range.arg[1] for lp in others)
+        b = g.block_threads
+        it = index_type(g.items + g.grid[0] * b)
+        tt = index_type(rows + per)
+        t = range_name(target)
+        self.emit("  ", f"for ({it} zi = ({it})blockIdx.x * {b} + threadIdx.x; zi < {g.items}; "
+                        f"zi += ({it})gridDim.x * {b}) {{")
+        ind, i2 = "    ", "      "
+        if others:
+            self.emit(ind, f"const {it} zo = zi % {count};")
+            self.decode(others, "zo", ind)
+        self.emit(ind, f"const {tt} zlo = ({tt})(zi / {count}) * {per};")
+        self.emit(ind, f"const {tt} zhi = zlo + {per} < {rows} ? zlo + {per} : {rows};")
+        self.emit(ind, f"for ({tt} {t} = zlo; {t} < zhi; {t}++) {{")
+        saved = dict(self.name)
+        at = self.defined(st.index, i2)
+        self.emit(i2, f"p{st.param}[{at}] = {r.to_storage(r.literal(0, p.dtype), p.dtype)};")
+        self.name = saved
+        self.emit(ind, "}")
+        depth = ind
+        for rr in red.arg[1]:
+            self.emit(depth, f"for ({index_type(rr.arg[1])} {range_name(rr)} = 0; {range_name(rr)} < {rr.arg[1]}; "
+                             f"{range_name(rr)}++) {{")
+            depth += "  "
+        saved = dict(self.name)
+        row = self.defined(index, depth)
+        self.emit(depth, f"if ({row} >= zlo && {row} < zhi) {{")
+        inner = depth + "  "
+        self.emit(inner, f"const {tt} {t} = ({tt})({row});")
+        value = self.defined(x, inner)
+        at = self.defined(st.index, inner)
+        total = r.to_storage(f"{r.from_storage(f'p{st.param}[{at}]', p.dtype)} + {value}", p.dtype)
+        self.emit(inner, f"p{st.param}[{at}] = {total};")
+        self.emit(depth, "}")
+        self.name = saved
+        for _ in red.arg[1]:
+            depth = depth[:-2]
+            self.emit(depth, "}")
+        self.emit("  ", "}")
+
+    def scan_frame(self, root: Block) -> None:
+        """One group of ``G`` lanes per iteration of the outer loops (see ``gpu._scan_geometry``): lane ``zl`` folds
+        the inputs of its chunk ``[zlo, zhi)`` of the scan loop into totals, the group's exclusive prefix of those
+        totals (``scan_prefix``) starts each scan's running value, and the lane runs its chunk."""
+        g, r = self.g, self.r
+        blocks, loops = gpu.output_blocks(root), gpu.output_loops(root)
+        s, gt, w = g.split, g.group_threads, g.groups_per_block
+        lp = loops[s]
+        size = lp.range.arg[1]
+        chunk = -(-size // gt)
+        it = index_type(g.items + g.grid[0] * w)
+        first = f"({it})blockIdx.x * {w} + threadIdx.y" if w > 1 else f"({it})blockIdx.x"
+        step = f"({it})gridDim.x * {w}" if w > 1 else f"({it})gridDim.x"
+        t = index_type(size + chunk * 2)
+        self.emit("  ", "const int zl = threadIdx.x;")
+        self.emit("  ", f"for ({it} zg = {first}; zg < {g.items}; zg += {step}) {{")
+        ind = "    "
+        self.decode(loops[:s], "zg", ind)
+        for blk in blocks[:s + 1]:
+            self.stmts(blk, ind)
+        scans = [st.expr for st in blocks[s].stmts if isinstance(st, ScanInit)]
+        self.emit(ind, f"const {t} zlo = ({t})zl * {chunk};")
+        self.emit(ind, f"const {t} zhi = zlo + {chunk} < {size} ? zlo + {chunk} : {size};")
+        totals = {e: self.fresh("ztot") for e in scans}
+        for e in scans:
+            self.emit(ind, r.scan_init(e, totals[e]))
+        rn = range_name(lp.range)
+        self.emit(ind, f"for ({t} {rn} = zlo; {rn} < zhi; {rn}++) {{")
+        saved = dict(self.name)
+        for e in scans:
+            self.emit(ind + "  ", r.scan_step(e, totals[e], self.defined(e.srcs[0], ind + "  ")))
+        self.name = saved
+        self.emit(ind, "}")
+        for e in scans:
+            self.scan_prefix(e, totals[e], ind)
+            self.emit(ind, f"{self.acc[e]} = {totals[e]};")
+        self.emit(ind, f"for ({t} {rn} = zlo; {rn} < zhi; {rn}++) {{")
+        saved = dict(self.name)
+        self.block(lp.body, ind + "  ")
+        self.name = saved
+        self.emit(ind, "}")
+        for blk in reversed(blocks[:s + 1]):
+            self.tail(blk, ind)
+        self.emit("  ", "}")
+
+    def scan_prefix(self, e: Expr, total: str, ind: str) -> None:
+        """Replace each lane's ``total`` by the fold of the totals of the lanes before it in its group (the
+        scan's identity on lane 0): an inclusive scan across the warp by ``__shfl_up_sync``, shifted by one
+        lane, then across warps through shared memory (every lane adds the earlier warps' totals in one order)."""
+        r = self.r
+        rt = r.reg_type(e.dtype)
+        op = "+" if e.arg is Ops.ADD else "*"
+        one = r.literal(0 if e.arg is Ops.ADD else 1, dtypes.float32 if e.dtype in (dtypes.float16,
+                                                                                   dtypes.bfloat16) else e.dtype)
+        self.emit(ind, "for (int zo = 1; zo < 32; zo <<= 1) {")
+        self.emit(ind, f"  const {rt} zu = __shfl_up_sync({FULL_MASK}, {total}, zo);")
+        self.emit(ind, f"  if ((zl & 31) >= zo) {total} = zu {op} {total};")
+        self.emit(ind, "}")
+        warps = self.g.group_threads // 32
+        if warps > 1:
+            sh = self.fresh("zsh")
+            self.shared.append(f"  __shared__ {rt} {sh}[{warps}];")
+            self.emit(ind, f"if ((zl & 31) == 31) {sh}[zl >> 5] = {total};")
+            self.emit(ind, "__syncthreads();")
+        self.emit(ind, f"{total} = __shfl_up_sync({FULL_MASK}, {total}, 1);")
+        self.emit(ind, f"if ((zl & 31) == 0) {total} = {one};")
+        if warps > 1:
+            self.emit(ind, f"for (int zw = (zl >> 5) - 1; zw >= 0; zw--) {total} = {sh}[zw] {op} {total};")
+            self.emit(ind, "__syncthreads();")
+
+    def defined(self, e: Expr, ind: str) -> str:
+        """``e`` as a C operand, defining each of its parts not yet named (constants and ranges are operands)."""
+        for x in ir.toposort([e]):
+            if x.op not in (Ops.CONST, Ops.RANGE) and x not in self.name:
+                self.define(x, ind)
+        return self.value(e)
 
     def vector_thread_frame(self, root: Block) -> None:
         """The ``thread`` layout with ``V = g.vector`` consecutive iterations of the innermost loop per thread
