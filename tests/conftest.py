@@ -104,6 +104,42 @@ def gpu_passes_off(*names: str):
     return _switched_off(gpu.DISABLED, gpu.OPTIONAL_PASSES, names, "optional GPU passes")
 
 
+@contextlib.contextmanager
+def gpu_planned(params: dict[str, int]):
+    """Within the block every GPU kernel is planned with ``params`` (``zyx.kernel.gpu.search_space`` names) over
+    the heuristics' choices, schedules rebuilt; yields the geometries planned (of every segment)."""
+    from zyx.graph import schedule
+    from zyx.kernel import gpu
+
+    orig = gpu.optimize
+    seen: list = []
+
+    def optimize(k, info, p=None):
+        out = orig(k, info, {**(p or {}), **params})
+        seen.extend(gpu.geometry(x) for x in (out, *out.then))
+        return out
+
+    gpu.optimize = optimize
+    schedule.clear_cache()
+    try:
+        yield seen
+    finally:
+        gpu.optimize = orig
+        schedule.clear_cache()
+
+
+def typed_leaf(shape: tuple[int, ...], dtype: str = "float32") -> zyx.Tensor:
+    """Zeros of ``shape`` as a host tensor of ``dtype`` (realized when cast: kernels load it as stored)."""
+    t = zyx.Tensor(np.zeros(shape, np.float32))
+    return t.cast(dtype).realize() if dtype != "float32" else t
+
+
+def only_kernel(t: zyx.Tensor):
+    """The one kernel realizing ``t`` (``kernels_of``)."""
+    (k,) = kernels_of(t)
+    return k
+
+
 def kernels_of(*tensors: zyx.Tensor) -> list:
     """The kernel IRs the host compiles to realize ``tensors`` (with the schedule cache cleared first)."""
     from zyx import utils

@@ -12,15 +12,13 @@ the chunk totals starting each lane's running value. What is checked:
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import pytest
-from conftest import compute_devices, kernels_of
+from conftest import compute_devices, gpu_planned, kernels_of
+from conftest import typed_leaf as leaf
 
 import zyx
 from zyx.backends.cuda import nvrtc
-from zyx.graph import schedule
 from zyx.kernel import gpu, ir
 from zyx.kernel.ir import Kernel, Param, Store
 from zyx.kernel.render_cuda import CUDARenderer
@@ -31,11 +29,6 @@ THREAD = gpu.STRATEGIES.index("thread")
 _NVRTC = nvrtc.available()
 needs_nvrtc = pytest.mark.skipif(_NVRTC is not None, reason=f"NVRTC unavailable ({_NVRTC}): {nvrtc.INSTALL_HINT}")
 needs_cuda = pytest.mark.skipif("cuda:0" not in compute_devices(), reason="no cuda:0 (GPU or emulator)")
-
-
-def leaf(shape: tuple[int, ...], dtype: str = "float32") -> zyx.Tensor:
-    t = zyx.Tensor(np.zeros(shape, np.float32))
-    return t.cast(dtype).realize() if dtype != "float32" else t
 
 
 def scan_kernel(t: zyx.Tensor) -> Kernel:
@@ -104,32 +97,12 @@ def test_every_scan_variant_compiles_for_sm80_and_sm90():
         nvrtc.check_batch(sources, arch)
 
 
-@contextlib.contextmanager
-def planned(params: dict[str, int]):
-    """Within the block every GPU kernel is planned with ``params``; yields the geometries planned."""
-    orig = gpu.optimize
-    seen: list[gpu.Geometry] = []
-
-    def optimize(k: Kernel, info, p=None):
-        out = orig(k, info, {**(p or {}), **params})
-        seen.extend(gpu.geometry(x) for x in (out, *out.then))
-        return out
-
-    gpu.optimize = optimize
-    schedule.clear_cache()
-    try:
-        yield seen
-    finally:
-        gpu.optimize = orig
-        schedule.clear_cache()
-
-
 @needs_cuda
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64", "int32", "int64"])
 def test_emulated_scans_equal_numpy(dtype, rng):
     shapes = [(3, 64), (5, 1000), (2, 3, 700), (1, 5000)]
     for params, layout in (({}, True), ({"strategy": THREAD}, False)):
-        with planned(params) as seen:
+        with gpu_planned(params) as seen:
             for shape in shapes:
                 # 16-bit types: steps of -1, 0, 1 keep every partial sum an integer they hold exactly
                 x = rng.integers(-1, 2, shape) if dtype in ("float16", "bfloat16") else rng.integers(-3, 4, shape)

@@ -11,15 +11,12 @@ per thread, each thread zeroing its rows and adding the hits at them in the sum'
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import pytest
-from conftest import compute_devices, kernels_of
+from conftest import compute_devices, gpu_planned, kernels_of
 
 import zyx
 from zyx.backends.cuda import nvrtc
-from zyx.graph import schedule
 from zyx.kernel import gpu
 from zyx.kernel.ir import Kernel
 from zyx.kernel.render_cuda import CUDARenderer
@@ -87,26 +84,6 @@ def test_every_scatter_variant_compiles_for_sm80_and_sm90():
         nvrtc.check_batch(sources, arch)
 
 
-@contextlib.contextmanager
-def planned(params: dict[str, int]):
-    """Within the block every GPU kernel is planned with ``params``; yields the geometries planned."""
-    orig = gpu.optimize
-    seen: list[gpu.Geometry] = []
-
-    def optimize(k: Kernel, info, p=None):
-        out = orig(k, info, {**(p or {}), **params})
-        seen.extend(gpu.geometry(x) for x in (out, *out.then))
-        return out
-
-    gpu.optimize = optimize
-    schedule.clear_cache()
-    try:
-        yield seen
-    finally:
-        gpu.optimize = orig
-        schedule.clear_cache()
-
-
 @needs_cuda
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_emulated_gradients_equal_numpy(dtype, rng):
@@ -121,7 +98,7 @@ def test_emulated_gradients_equal_numpy(dtype, rng):
     gwant = np.zeros((30, 50), np.float64)
     np.add.at(gwant, (np.arange(30)[:, None], gidx), gg.astype(np.float64))
     for params, layout in (({}, True), ({"strategy": GROUP}, False)):
-        with planned(params) as seen:
+        with gpu_planned(params) as seen:
             w = zyx.Tensor(np.zeros((rows, dim), dtype), device="cuda:0", requires_grad=True)
             (F.embedding(zyx.Tensor(idx, device="cuda:0"), w) * zyx.Tensor(g, device="cuda:0")).sum().backward()
             np.testing.assert_allclose(w.grad.numpy(), want, rtol=1e-5, atol=1e-5, err_msg=f"embedding {params}")

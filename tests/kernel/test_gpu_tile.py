@@ -13,16 +13,15 @@ are coalesced. What is checked:
 
 from __future__ import annotations
 
-import contextlib
 import re
 
 import numpy as np
 import pytest
-from conftest import compute_devices, kernels_of
+from conftest import compute_devices, gpu_planned, only_kernel
+from conftest import typed_leaf as leaf
 
 import zyx
 from zyx.backends.cuda import nvrtc
-from zyx.graph import schedule
 from zyx.kernel import gpu, ir
 from zyx.kernel.ir import Kernel
 from zyx.kernel.render_cuda import CUDARenderer
@@ -34,16 +33,6 @@ needs_nvrtc = pytest.mark.skipif(_NVRTC is not None, reason=f"NVRTC unavailable 
 needs_cuda = pytest.mark.skipif("cuda:0" not in compute_devices(), reason="no cuda:0 (GPU or emulator)")
 
 DTYPES = ["float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "bool"]
-
-
-def leaf(shape: tuple[int, ...], dtype: str = "float32") -> zyx.Tensor:
-    t = zyx.Tensor(np.zeros(shape, np.float32))
-    return t.cast(dtype).realize() if dtype != "float32" else t
-
-
-def only_kernel(t: zyx.Tensor) -> Kernel:
-    (k,) = kernels_of(t)
-    return k
 
 
 def optimized(k: Kernel, params: dict[str, int] | None = None) -> Kernel:
@@ -136,26 +125,6 @@ def test_every_tile_variant_compiles_for_sm80_and_sm90():
         nvrtc.check_batch(sources, arch)
 
 
-@contextlib.contextmanager
-def planned(params: dict[str, int]):
-    """Within the block every GPU kernel is planned with ``params``; yields the geometries planned."""
-    orig = gpu.optimize
-    seen: list[gpu.Geometry] = []
-
-    def optimize(k: Kernel, info, p=None):
-        out = orig(k, info, {**(p or {}), **params})
-        seen.extend(gpu.geometry(x) for x in (out, *out.then))
-        return out
-
-    gpu.optimize = optimize
-    schedule.clear_cache()
-    try:
-        yield seen
-    finally:
-        gpu.optimize = orig
-        schedule.clear_cache()
-
-
 def _cases(dtype: str) -> list[tuple[str, object, object, list[tuple[int, ...]]]]:
     """(name, zyx function, NumPy function, input shapes)."""
     if dtype == "bool":
@@ -181,7 +150,7 @@ def _cases(dtype: str) -> list[tuple[str, object, object, list[tuple[int, ...]]]
 def test_emulated_results_equal_numpy(dtype, rng):
     """Small integers (exact in every dtype here), so results compare bit for bit."""
     for params, want_tile in (({}, True), ({"strategy": THREAD}, False)):
-        with planned(params) as seen:
+        with gpu_planned(params) as seen:
             for name, f, ref, shapes in _cases(dtype):
                 xs = [rng.integers(-20, 21, s).astype(np.float32) for s in shapes]
                 if dtype == "bool":

@@ -15,20 +15,19 @@ halves, ``double2`` ...). What is checked:
 
 from __future__ import annotations
 
-import contextlib
 import re
 import shutil
 import warnings
 
 import numpy as np
 import pytest
-from conftest import compute_devices, kernels_of
+from conftest import compute_devices, gpu_planned, only_kernel
+from conftest import typed_leaf as leaf
 
 import zyx
 from zyx.backends.cuda import nvrtc
 from zyx.backends.cuda.args import ArgPack
 from zyx.backends.cuda.emulator import kernels as emu_kernels
-from zyx.graph import schedule
 from zyx.kernel import gpu, ir
 from zyx.kernel.ir import Kernel, Param, Store
 from zyx.kernel.render_cuda import CUDARenderer
@@ -44,17 +43,6 @@ needs_cuda = pytest.mark.skipif("cuda:0" not in compute_devices(), reason="no cu
 DTYPES = ["float32", "float16", "bfloat16", "float64", "int32", "int8"]
 VECTOR_TYPE = {"float32": "float4", "float16": "uint4", "bfloat16": "uint4", "float64": "double2", "int32": "int4",
                "int8": "uint4", "int64": "longlong2", "uint8": "uint4", "bool": "uint4"}
-
-
-def leaf(shape: tuple[int, ...], dtype: str = "float32") -> zyx.Tensor:
-    """A realized host buffer of ``dtype`` (the kernels under test load it as stored)."""
-    t = zyx.Tensor(np.zeros(shape, np.float32))
-    return t.cast(dtype).realize() if dtype != "float32" else t
-
-
-def only_kernel(t: zyx.Tensor) -> Kernel:
-    (k,) = kernels_of(t)
-    return k
 
 
 def geometry_of(k: Kernel, params: dict[str, int] | None = None) -> gpu.Geometry:
@@ -290,24 +278,9 @@ def test_a_misaligned_vector_access_traps_under_emulation():
 # values on the emulated cuda:0, vectorization forced on and off
 
 
-@contextlib.contextmanager
 def forced_vector(on: int):
     """Within the block every GPU kernel is planned with ``vector = on``; yields the geometries planned."""
-    orig = gpu.optimize
-    seen: list[gpu.Geometry] = []
-
-    def optimize(k: Kernel, info, params=None):
-        out = orig(k, info, {**(params or {}), "vector": on})
-        seen.extend(gpu.geometry(p) for p in (out, *out.then))
-        return out
-
-    gpu.optimize = optimize
-    schedule.clear_cache()
-    try:
-        yield seen
-    finally:
-        gpu.optimize = orig
-        schedule.clear_cache()
+    return gpu_planned({"vector": on})
 
 
 def _data(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
