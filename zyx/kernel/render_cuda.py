@@ -1034,11 +1034,7 @@ class _Writer:
         self.emit(i2, f"if ({range_name(ri)} < {si} && {range_name(rj)} < {sj}) {{")
         saved = dict(self.name)
         for ld in g.staged:
-            for e in ir.toposort([ld.srcs[0]]):
-                if e.op not in (Ops.CONST, Ops.RANGE) and e not in self.name:
-                    self.define(e, i3)
-            at = r.operand_namer(ld, self.name)(ld.srcs[0])
-            self.emit(i3, f"{tiles[ld]}[zy + zr][zx] = p{ld.arg}[{at}];")
+            self.emit(i3, f"{tiles[ld]}[zy + zr][zx] = p{ld.arg}[{self.defined(ld.srcs[0], i3)}];")
         self.name = saved
         self.emit(i2, "}")
         self.emit(ind, "}")
@@ -1248,11 +1244,7 @@ class _Writer:
 
     def at_base(self, index: Expr, inner: Expr, base: Expr, ind: str) -> str:
         """Define ``index`` with the innermost range replaced by the run's first iteration; its C operand."""
-        x = ir.substitute(index, {inner: base})
-        for e in ir.toposort([x]):
-            if e.op not in (Ops.CONST, Ops.RANGE) and e not in self.name:
-                self.define(e, ind)
-        return self.value(x)
+        return self.defined(ir.substitute(index, {inner: base}), ind)
 
     def vector_run(self, blk: Block, inner: Expr, base: Expr, ind: str) -> None:
         """One whole run of ``g.vector`` lanes of the innermost block ``blk`` (see ``vector_thread_frame``)."""
