@@ -554,13 +554,10 @@ def _scatter_geometry(k: Kernel, info: DeviceInfo, threads: int = THREADS_PER_BL
     sum's iterations in order and adds ``x(n, o)`` at row ``index(n)`` when that row is in its bin. Work: bins
     times the sum's iterations times the other axes ``o``, instead of every row times them; no atomics, and each
     element adds its terms in the sum's order (in the output's dtype, as the host's ``opt.scatter_one_hot``)."""
-    if k.then or len(k.stores) != 1:
+    found = opt.one_hot_store(k)
+    if found is None:
         return None
-    (st,) = k.stores
-    found = opt.one_hot_sum(st.value, k.loops)
-    if found is None or st.value.dtype is not k.params[st.param].dtype or found[0] not in st.index.ranges:
-        return None
-    target, index, _ = found
+    _, (target, index, _) = found
     rows = target.arg[1]
     others = math.prod(r.arg[1] for r in k.loops if r is not target)
     per = -(-rows // max(1, min(rows, SCATTER_THREADS // others)))  # rows per bin
@@ -878,18 +875,12 @@ def _choices(k: Kernel, info: DeviceInfo, root: Block, params: Params) -> tuple[
     elems = params.get("elems_per_thread", ELEMS_PER_THREAD)
     depths = reduce_depths(root)
     s = depths[0] if depths else len(k.loops)
-    if k.scan_ranges():
-        if depths:
-            raise NotImplementedError(f"kernel {k.name}: a scan kernel holds no reduce (fusion stores it first)")
-        scan = _scan_geometry(k, info)
-        if scan is None:
-            return "thread", {"thread": _thread_geometry(k, info, threads)}
-        return "scan", {"thread": _thread_geometry(k, info, threads), "scan": scan}
-    if not depths:
-        tile = _tile_geometry(k, info)
-        if tile is None:
-            return "thread", {"thread": _thread_geometry(k, info, threads)}
-        return "tile", {"thread": _thread_geometry(k, info, threads), "tile": tile}
+    if k.scan_ranges() and depths:
+        raise NotImplementedError(f"kernel {k.name}: a scan kernel holds no reduce (fusion stores it first)")
+    if not depths:  # elementwise or a scan: one thread per output, or the layout that applies instead
+        thread = _thread_geometry(k, info, threads)
+        alt = _scan_geometry(k, info) if k.scan_ranges() else _tile_geometry(k, info)
+        return ("thread", {"thread": thread}) if alt is None else (alt.strategy, {"thread": thread, alt.strategy: alt})
     legal: dict[str, Geometry] = {}
     mma = _mma_geometry(k, info, params.get("mma_tile"), params.get("mma_stages"), params.get("mma_ldmatrix"),
                         params.get("mma_async"))

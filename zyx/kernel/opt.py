@@ -975,6 +975,18 @@ def one_hot_sum(red: Expr, loops: tuple[Expr, ...]) -> tuple[Expr, Expr, Expr] |
     return target, index, x
 
 
+def one_hot_store(k: Kernel) -> tuple[Store, tuple[Expr, Expr, Expr]] | None:
+    """The one store of a kernel without segments whose value is a one-hot sum (``one_hot_sum``) in the output's
+    dtype, the sum's target among the store's index ranges; with the sum's ``(target, index, x)``."""
+    if k.then or len(k.stores) != 1:
+        return None
+    (st,) = k.stores
+    found = one_hot_sum(st.value, k.loops)
+    if found is None or st.value.dtype is not k.params[st.param].dtype or found[0] not in st.index.ranges:
+        return None
+    return st, found
+
+
 def scatter_one_hot(k: Kernel) -> tuple[Kernel, Kernel] | None:
     """A kernel storing a sum of a one-hot selection (``one_hot_sum``: ``out[v, o] = sum_n (index(n) == v ?
     x(n, o) : 0)``, a gather's or an embedding's gradient, ``autograd._add_at_index``) as two segments: one zeroes
@@ -982,13 +994,10 @@ def scatter_one_hot(k: Kernel) -> tuple[Kernel, Kernel] | None:
     ``v * n * o`` (an embedding of 30000 rows, 8192 lookups of 256: 1277 ms, torch 3.4-8.8). The sum runs in order
     on one thread, so every output element adds the same terms in the same order as before, in the output's dtype
     instead of a double accumulator. (Fusion stores such sums, ``fuse._one_hot_sums``, so they reach here.)"""
-    if k.then or k.gemm is not None or k.split_reduce or len(k.stores) != 1:
+    found = None if k.gemm is not None or k.split_reduce else one_hot_store(k)
+    if found is None:
         return None
-    (st,) = k.stores
-    found = one_hot_sum(st.value, k.loops)
-    if found is None or st.value.dtype is not k.params[st.param].dtype or found[0] not in st.index.ranges:
-        return None
-    target, index, x = found
+    st, (target, index, x) = found
     zero = replace(k, stores=(Store(st.param, st.index, ir.const(0.0, st.value.dtype)),))
     loops = tuple(r for r in k.loops if r is not target)
     add = replace(k, loops=loops, stores=(Store(st.param, st.index, x),), parallel=0, vector=False,
