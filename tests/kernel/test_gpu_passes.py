@@ -137,6 +137,24 @@ def test_nested_reduces_merge_so_that_the_lanes_read_adjacent_elements():
     assert nested(gpu.optimize(only_kernel(y.max((2, 3)).sum(0)), INFO))
 
 
+def test_the_access_survey_flags_strided_lanes_and_nested_reduces():
+    """``scripts/gpu_access_survey.py``'s finding per kernel: a stride-2 view's read, a nested reduce with
+    ``merge_reduces`` off; nothing for a transpose in shared tiles or a merged sum."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "gpu_access_survey.py"
+    spec = importlib.util.spec_from_file_location("gpu_access_survey", path)
+    survey = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(survey)
+    x = lazy((1024, 1024))
+    assert survey.findings(gpu.optimize(only_kernel(x[:, ::2] + 1.0), INFO)) == ["load p1 c=2"]
+    assert survey.findings(gpu.optimize(only_kernel(x.T + 1.0), INFO)) == []
+    nested = only_kernel(lazy((16, 64, 28, 28)).sum((2, 3)).sum(0))
+    assert survey.findings(gpu.optimize(nested, INFO)) == []
+    with gpu_passes_off("merge_reduces"):
+        assert "nested ADD reduce" in survey.findings(gpu.optimize(nested, INFO))
+
+
 def test_loop_order_passes_put_the_contiguous_loop_innermost():
     """A transposed view: the output loop (``order_output_loops``) or the reduce loop (``order_reduce_ranges``)
     along which memory is contiguous becomes the lanes' loop; the iterations are the same."""
