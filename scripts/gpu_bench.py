@@ -289,6 +289,17 @@ def case_softmax(env: Env) -> Row:
     return row
 
 
+def _copy_gbps(env: Env, x: zyx.Tensor, reps: int) -> float:
+    """The device-to-device copy bandwidth of ``x``'s buffer into a scratch one (bytes read and written)."""
+    pool = env.placement.pool
+    nbytes = x.cls.nbytes
+    dst = pool.allocate(nbytes)
+    try:
+        return 2.0 * nbytes / median_s(lambda: pool.pool_to_pool(pool, x.cls.buffer.id, dst), env.sync, reps) / 1e9
+    finally:
+        pool.release(dst)
+
+
 def case_column_sum(env: Env) -> Row:
     n = 256 if env.smoke else 8192
     row = Row(f"column sum {n}x{n} f32 (x.sum(0))", "GB/s")
@@ -300,12 +311,7 @@ def case_column_sum(env: Env) -> Row:
     row.zyx = nbytes / median_s(lambda: x.sum(0).realize(), env.sync, reps) / 1e9
     err = float(np.max(np.abs(x.sum(0).numpy() - x_np.astype(np.float64).sum(0))))
     row.note += f"; max abs err vs float64 NumPy {err:.1e}"
-    pool = env.placement.pool
-    dst = pool.allocate(4 * n * n)
-    try:
-        copy = 8.0 * n * n / median_s(lambda: pool.pool_to_pool(pool, x.cls.buffer.id, dst), env.sync, reps) / 1e9
-    finally:
-        pool.release(dst)
+    copy = _copy_gbps(env, x, reps)
     row.refs["copy_GBps"] = copy
     row.note += f"; {100 * row.zyx / copy:.0f}% of the measured copy bandwidth ({copy:.0f} GB/s)"
     if env.torch is not None:
@@ -339,12 +345,7 @@ def case_transpose(env: Env) -> list[Row]:
         torch_gbps = nbytes / median_s(lambda: tx.T.contiguous(), env.tsync, reps) / 1e9
         for row in rows:
             row.torch = torch_gbps
-    pool = env.placement.pool
-    dst = pool.allocate(4 * n * n)
-    try:
-        copy = nbytes / median_s(lambda: pool.pool_to_pool(pool, x.cls.buffer.id, dst), env.sync, reps) / 1e9
-    finally:
-        pool.release(dst)
+    copy = _copy_gbps(env, x, reps)
     for row in rows:
         row.refs["copy_GBps"] = copy
         row.note += f"; {100 * row.zyx / copy:.0f}% of the measured copy bandwidth ({copy:.0f} GB/s)"
@@ -354,10 +355,7 @@ def case_transpose(env: Env) -> list[Row]:
 def case_nested_sum(env: Env) -> list[Row]:
     """``x.sum((2, 3)).sum(0)`` of 32x256x56x56 float32 (a depthwise convolution's weight gradient sums so): one
     kernel, its reduces merged (``merge_reduces``, the default: the lanes walk the image) and nested (the pass off:
-    the lanes walk the batch), beside torch and the copy bandwidth. GB/s counts the input read once."""
-    from zyx.graph import schedule
-    from zyx.kernel import gpu
-
+    the lanes walk the batch), beside torch. GB/s counts the input read once."""
     shape = (4, 16, 8, 8) if env.smoke else (32, 256, 56, 56)
     x_np = _random(shape, "float32", 10)
     x = env.tensor(x_np)
@@ -367,17 +365,10 @@ def case_nested_sum(env: Env) -> list[Row]:
     rows = []
     for name, off in (("merged", ()), ("nested (merge_reduces off)", ("merge_reduces",))):
         row = Row(f"sum over the batch of sums over the image {'x'.join(map(str, shape))} f32, {name}", "GB/s")
-        was = set(gpu.DISABLED)
-        gpu.DISABLED.update(off)
-        schedule.clear_cache()
-        try:
+        with _forced_gpu_params(env, passes_off=off):
             row.note = _schedule_note(x.sum((2, 3)).sum(0))
             row.zyx = nbytes / median_s(lambda: x.sum((2, 3)).sum(0).realize(), env.sync, reps) / 1e9
             err = float(np.max(np.abs(x.sum((2, 3)).sum(0).numpy() - want) / np.max(np.abs(want))))
-        finally:
-            gpu.DISABLED.clear()
-            gpu.DISABLED.update(was)
-            schedule.clear_cache()
         row.note += f"; max rel err vs float64 NumPy {err:.1e}"
         rows.append(row)
     if env.torch is not None:
@@ -522,16 +513,19 @@ def _allowed_tf32(env: Env, on: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _forced_gpu_params(env: Env, allow_tf32: bool | None = None, **params: int) -> Iterator[None]:
+def _forced_gpu_params(env: Env, allow_tf32: bool | None = None, passes_off: tuple[str, ...] = (),
+                       **params: int) -> Iterator[None]:
     """Within the block every generated CUDA kernel takes ``params`` (``kernel.gpu.search_space`` names) over the
-    heuristics' choices, the device reports ``allow_tf32`` when given, and cuDNN is off (schedules rebuilt)."""
+    heuristics' choices without the optional GPU passes ``passes_off``, the device reports ``allow_tf32`` when
+    given, and cuDNN is off (schedules rebuilt)."""
     import dataclasses
 
     from zyx.graph import schedule
     from zyx.kernel import gpu
 
-    real, info, cudnn = gpu.optimize, env.dev._info, getattr(env.dev, "_cudnn", None)
+    real, info, cudnn, disabled = gpu.optimize, env.dev._info, getattr(env.dev, "_cudnn", None), set(gpu.DISABLED)
     gpu.optimize = lambda k, inf, p=None: real(k, inf, {**(p or {}), **params})
+    gpu.DISABLED.update(passes_off)
     if allow_tf32 is not None:
         env.dev._info = dataclasses.replace(info, allow_tf32=allow_tf32 and info.tensor_cores)
     env.dev._cudnn = None
@@ -540,6 +534,8 @@ def _forced_gpu_params(env: Env, allow_tf32: bool | None = None, **params: int) 
         yield
     finally:
         gpu.optimize, env.dev._info, env.dev._cudnn = real, info, cudnn
+        gpu.DISABLED.clear()
+        gpu.DISABLED.update(disabled)
         schedule.clear_cache()
 
 
