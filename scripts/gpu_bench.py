@@ -585,6 +585,47 @@ def case_matmul_generated_variants(env: Env, n: int = 4096) -> list[Row]:
     return rows
 
 
+def case_matmul_simt(env: Env, n: int = 4096) -> list[Row]:
+    """Exact float32 matmul (``allow_tf32`` off, PyTorch's default; cuDNN off): the generated ``simt`` layout (register
+    tiles over shared-memory tiles on CUDA cores) for each tiling, beside the ``thread`` layout that float32
+    contractions took before it and torch's FP32 matmul (its TF32 off)."""
+    if not env.is_cuda:
+        return []
+    from zyx.kernel import gpu
+
+    if env.smoke:
+        n = n // 64
+    flops = 2.0 * n**3
+    reps = env.repeats(10)
+    a_np, b_np = _random((n, n), "float32", 9), _random((n, n), "float32", 10)
+    a, b = env.tensor(a_np), env.tensor(b_np)
+    ref = a_np[:64].astype(np.float64) @ b_np.astype(np.float64)
+    simt = gpu.STRATEGIES.index("simt")
+    variants = [("simt layout (heuristic tile)", {"strategy": simt})]
+    variants += [(f"simt tile {gpu.SIMT_TILES[i]}", {"strategy": simt, "simt_tile": i})
+                 for i in range(len(gpu.SIMT_TILES))]
+    variants += [("simt, 1 stage", {"strategy": simt, "simt_stages": 1}),
+                 ("thread layout (before simt)", {"strategy": gpu.STRATEGIES.index("thread")})]
+    rows = []
+    for name, params in variants:
+        row = Row(f"matmul float32 {n}^3 exact, generated, {name}", "TFLOP/s")
+        with _forced_gpu_params(env, allow_tf32=False, **params):
+            row.note = _schedule_note(a @ b)
+            row.zyx = flops / median_s(lambda: (a @ b).realize(), env.sync, reps) / 1e12
+            z = (a @ b).numpy()
+        err = float(np.max(np.abs(z[:64] - ref)) / np.max(np.abs(ref)))
+        row.note += f"; max rel err vs float64 NumPy (64 rows) {err:.1e}"
+        rows.append(row)
+    if env.torch is not None:
+        t = env.torch
+        t.backends.cuda.matmul.allow_tf32 = False
+        ta, tb = env.ttensor(a_np), env.ttensor(b_np)
+        tflops = flops / median_s(lambda: ta @ tb, env.tsync, reps) / 1e12
+        for row in rows:
+            row.torch = tflops
+    return rows
+
+
 TINY = r"""
 extern "C" __global__ void zyx_bench_tiny(float* out) {
   if (threadIdx.x == 0) out[0] += 1.0f;
@@ -704,6 +745,7 @@ def cases(env: Env) -> list[tuple[str, Callable[[], Row | list[Row]], float]]:
     out.append(("cumsum", lambda: case_cumsum(env), 30))
     out.append(("matmul generated", lambda: case_matmul_generated(env), 60))
     out.append(("matmul generated variants", lambda: case_matmul_generated_variants(env), 90))
+    out.append(("matmul float32 exact (simt)", lambda: case_matmul_simt(env), 90))
     out.append(("tiny launches", lambda: case_tiny(env), 30))
     out.append(("conv2d", lambda: case_conv2d(env), 30))
     for dtype in ("bfloat16", "float16", "float32"):

@@ -53,21 +53,29 @@ PROGRAMS = {
     "transposed_columns": ([(300, 8, 64)], lambda x: x.permute(2, 1, 0).sum(2), lambda x: x.transpose(2, 1, 0).sum(2)),
     # a sum over the batch of sums over the image: one reduce over both
     "nested_sum": ([(8, 64, 14, 14)], lambda x: x.sum((2, 3)).sum(0), lambda x: x.sum((2, 3)).sum(0)),
+    # exact float32 (no TF32): register tiles over shared tiles on CUDA cores, the bias and relu in the epilogue
+    "matmul": ([(288, 64), (64, 320), (320,)], lambda a, b, c: (a @ b + c).relu(),
+               lambda a, b, c: np.maximum(a @ b + c, 0)),
+    # attention's output product, heads merged with the columns by the reshape: split back into a batch loop
+    "heads_product": ([(2, 4, 64, 32), (2, 4, 32, 16)],
+                      lambda p, v: (p @ v).permute(0, 2, 1, 3).reshape(2, 64, 64),
+                      lambda p, v: (p @ v).transpose(0, 2, 1, 3).reshape(2, 64, 64)),
 }
 # the sample each optional pass changes (``test_an_optional_pass_changes_some_kernel``)
 CHANGED_BY = {"split_segments": "cat", "merge_loops": "elementwise_2d", "merge_reduces": "nested_sum",
+              "split_contraction_loops": "heads_product",
               "order_reduce_ranges": "transposed_sum",
               "order_output_loops": "transposed_columns", "vectorize": "elementwise"}
 
 
 def sample_kernels() -> dict[str, Kernel]:
-    """The kernel of each program (the one with a reduce, else the largest) and an f16 matmul's (mma)."""
+    """The kernel of each program (the one with a reduce, else the largest) and an f16 matmul's (mma), BLAS off."""
     def one(t: zyx.Tensor) -> Kernel:
         ks = kernels_of(t)
         return max(ks, key=lambda k: (bool(k.reduces()), k.size))
 
-    out = {name: one(f(*(leaf(*s) for s in shapes))) for name, (shapes, f, _) in PROGRAMS.items()}
-    with host_without_blas():
+    with host_without_blas():  # the matmuls' products are generated kernels, as on cuda
+        out = {name: one(f(*(leaf(*s) for s in shapes))) for name, (shapes, f, _) in PROGRAMS.items()}
         out["mma"] = one(leaf(256, 128, dtype="float16") @ leaf(128, 64, dtype="float16"))
     return out
 
@@ -113,7 +121,7 @@ def test_the_launch_is_built_pass_by_pass(name):
 def test_the_layouts_the_samples_were_picked_for():
     got = {name: gpu.geometry(gpu.optimize(k, INFO)) for name, k in KERNELS.items()}
     assert got["col_sum"].strategy == "columns" and got["row_sum"].strategy == "group"
-    assert got["softmax"].strategy == "group" and got["mma"].strategy == "mma"
+    assert got["softmax"].strategy == "group" and got["mma"].strategy == "mma" and got["matmul"].strategy == "simt"
     assert got["elementwise"].strategy == "thread" and got["elementwise"].vector == 4
     assert got["cumsum"].strategy == "thread" and got["cumsum"].split == 1
     cat = gpu.optimize(KERNELS["cat"], INFO)

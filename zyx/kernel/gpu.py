@@ -2,7 +2,8 @@
 
 ``optimize(kernel, info)`` runs the GPU passes (``GPU_PASSES``), each a function from kernel to kernel: ``normalize``
 (unit loops dropped, host annotations cleared), ``split_segments`` (cat's pieces as ``Kernel.then``), ``merge_loops``,
-``merge_reduces`` (a reduce of a reduce of the same op as one), ``order_reduce_ranges``, ``order_output_loops``
+``merge_reduces`` (a reduce of a reduce of the same op as one), ``split_contraction_loops`` (a loop split where
+that reveals a contraction), ``order_reduce_ranges``, ``order_output_loops``
 (loop order, below), ``choose_layout`` (the strategy, the split of the loops between work items, group lanes and
 serial loops, the block), ``vectorize`` (outputs per thread of the ``thread`` layout), ``size_grid`` (the grid;
 one block for all segments) and ``widen_accumulators``. The launch is
@@ -86,7 +87,20 @@ Strategies (every kernel gets one; each is correct for every kernel it is chosen
             other strategy when it applies. A float32 contraction takes this layout only when the device allows
             TF32 (``DeviceInfo.allow_tf32``, sm_80+): the fill rounds each operand to tf32 (``cvt.rna``) into one
             word, ``[BM][BK + pad]`` / ``[BN][BK + pad]``, and the warps issue ``mma.sync.m16n8k8`` tf32 tiles;
-            otherwise float32 stays exact FP32.
+            otherwise float32 stays exact FP32 and takes ``simt``.
+``simt``    a contraction that tensor cores do not take (``simt_contraction``: float32 without ``allow_tf32``,
+            float64, 32- and 64-bit integers; any expressions ``a``, ``b`` of the reduce's dtype): one block of
+            256 threads per ``BM x BN`` output tile (a ``SimtTile``; and batch index), each thread ``TM x TN``
+            outputs in registers, strided by the block's thread grid (``SimtTile``). The block steps k by ``BK``:
+            its threads evaluate the tiles of ``a`` and ``b`` (zero outside the bounds) in the order of the
+            operand's contiguous axis (``mma_fill_order``) into ``__shared__`` arrays ``[S][BK][BM + 1]`` /
+            ``[S][BK][BN + 1]``, then each thread reads ``TM`` values of ``a`` and ``TN`` of ``b`` per k and
+            updates its ``TM x TN`` accumulators (``fma`` in k order: the serial reduce's order and rounding, the
+            ``thread`` layout's result). ``S`` stages as ``mma``'s register fill. With ``wide_acc`` the sums are
+            float32 partials over ``SIMT_PARTIAL`` k added into float64 accumulators (the host GEMM's scheme).
+            Every element of ``a`` is read from global memory ``BN`` times fewer than by one thread per output.
+            Chosen after ``mma`` and ``scatter`` when m and n are at least ``SIMT_MIN``, k at least
+            ``SIMT_MIN_K``, and its blocks fill at least half the SMs.
 ``group``   one *group* of ``G`` threads (a warp when ``G == 32``, several warps per block; else one block per
             group) per iteration of output loops ``[0, s)``. The top-level reduces at depth ``s`` are cooperative:
             each thread accumulates a strided slice of the reduce range, then warp shuffles (``__shfl_xor_sync``:
@@ -100,7 +114,8 @@ Strategies (every kernel gets one; each is correct for every kernel it is chosen
 Tunable parameters (``search_space`` lists them per kernel, ``optimize(k, info, params)`` takes them; the autotuner
 times them): ``strategy`` (an index into ``STRATEGIES``) among the strategies legal for the kernel — ``group``
 always when there is a reduce; ``thread`` and ``columns`` when every top-level reduce is at the innermost depth;
-``mma`` for a contraction on tensor cores; ``thread`` and ``tile`` for a kernel whose reads ``tile_loads``
+``mma`` for a contraction on tensor cores, ``simt`` for one on CUDA cores; ``thread`` and ``tile`` for a kernel
+whose reads ``tile_loads``
 stages; ``scatter`` for a one-hot sum; ``thread`` and ``scan`` for a long scan — and the sizes ``threads``
 (``THREADS_PER_BLOCK``),
 ``elems_per_thread`` (``ELEMS_PER_THREAD``), ``warps_per_block`` (``WARP_GROUPS_PER_BLOCK``), ``mma_tile``
@@ -108,7 +123,8 @@ stages; ``scatter`` for a one-hot sum; ``thread`` and ``scan`` for a long scan �
 ``info.local_memory_bytes`` and whose block fits the thread limit), ``mma_stages`` (``MMA_STAGES``: 2 double
 buffers the tiles; 2 is listed only when some tile fits twice, and the heuristic takes it when its tile does),
 ``mma_ldmatrix`` (1 / 0: 16-bit fragments of k-first tiles by ``ldmatrix``; listed where it applies),
-``mma_async`` (0 / 1: the ``cp.async`` ring; listed where it applies, off by default until measured) and
+``mma_async`` (0 / 1: the ``cp.async`` ring; listed where it applies, off by default until measured),
+``simt_tile`` (an index into ``SIMT_TILES``, those that fit, ``simt_tiles``), ``simt_stages`` (``SIMT_STAGES``) and
 ``vector`` (1 / 0: vector accesses of the ``thread`` layout on / off; listed only when some access can be
 proven aligned) and ``unroll`` (``UNROLL_CHOICES``: ``#pragma unroll`` of the ``group`` and ``columns`` layouts'
 lane-strided loops). No parameter changes what a
@@ -251,10 +267,72 @@ MMA_TILES = (MmaTile(128, 128, 32, 2, 4), MmaTile(128, 64, 32, 2, 2), MmaTile(64
 
 
 @dataclass(frozen=True)
+class SimtTile:
+    """The ``simt`` layout's blocking: a block of ``bm/tm x bn/tn`` threads computes a ``bm x bn`` output tile,
+    stepping k by ``bk``; thread ``(y, x)`` owns ``tm`` rows in runs of ``v`` (``vector``): row ``i`` is
+    ``(i / v) (bm/tm) v + y v + i % v``, and likewise ``tn`` columns. A run is one 16-byte (or narrower) shared
+    read, and the lanes of a warp read consecutive runs of the ``b`` tile and store consecutive columns.
+    Invariants: ``bm % tm == bn % tn == 0``; ``tm``, ``tn`` powers of two."""
+
+    bm: int
+    bn: int
+    bk: int
+    tm: int
+    tn: int
+
+    @property
+    def threads_m(self) -> int:
+        return self.bm // self.tm
+
+    @property
+    def threads_n(self) -> int:
+        return self.bn // self.tn
+
+    @property
+    def threads(self) -> int:
+        return self.threads_m * self.threads_n
+
+    def shared_bytes(self, itemsize: int, stages: int = 1) -> int:
+        """Bytes of both shared tiles, ``[stages][bk][bm + pad]`` and ``[stages][bk][bn + pad]`` (``simt_pad``)."""
+        return itemsize * self.bk * (self.bm + self.bn + 2 * simt_pad(itemsize)) * stages
+
+    def vector(self, itemsize: int) -> tuple[int, int]:
+        """Elements per run of a thread's rows and of its columns: 16 bytes' worth, at most ``tm`` / ``tn``."""
+        return min(self.tm, SIMT_VECTOR_BYTES // itemsize), min(self.tn, SIMT_VECTOR_BYTES // itemsize)
+
+    def acc_bytes(self, itemsize: int, wide: bool) -> int:
+        """Accumulator bytes per thread: ``tm x tn`` of ``itemsize``, plus float32 partials when ``wide``."""
+        return self.tm * self.tn * (itemsize + (4 if wide else 0))
+
+
+SIMT_VECTOR_BYTES = 16  # the widest shared read of a thread's run of rows or columns (float4, double2)
+
+
+def simt_pad(itemsize: int) -> int:
+    """Elements padding each shared row of the ``simt`` tiles: 16 bytes, so that rows stay 16-byte aligned for the
+    runs' vector reads while a k-first fill's stores (adjacent threads a row apart) spread over the banks."""
+    return SIMT_VECTOR_BYTES // itemsize
+
+
+# the ``simt_tile`` parameter's values index this tuple: 256 threads each, 16 along n; the heuristic's choice among
+# those whose accumulators fit SIMT_ACC_BYTES is ``_simt_geometry``'s
+SIMT_TILES = (SimtTile(128, 128, 8, 8, 8), SimtTile(128, 64, 8, 8, 4), SimtTile(64, 64, 16, 4, 4),
+              SimtTile(64, 32, 16, 4, 2), SimtTile(32, 32, 16, 2, 2))
+SIMT_STAGES = (2, 1)  # as MMA_STAGES: 2 loads step k + bk into registers while step k multiplies
+SIMT_ACC_BYTES = 256  # accumulator bytes per thread (64 floats, 32 doubles): more would spill registers
+SIMT_MIN = 16  # the heuristic takes the layout when m and n are at least this long ...
+SIMT_MIN_K = 8  # ... and k at least this long, and its tiles give at least half the SMs a block
+SIMT_MIN_USED = 0.75  # ... and among the tilings keeps those within this factor of the best share of outputs used
+SIMT_PARTIAL = 256  # wide accumulators: float32 partial sums over this many k, added into float64 ones
+SIMT_DTYPES = (dtypes.float32, dtypes.float64, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint64)
+
+
+@dataclass(frozen=True)
 class Contraction:
     """A kernel's reduce ``sum_k a(m, k) * b(k, n)`` (``find_contraction``): ``a`` and ``b`` are 16-bit values
-    (``dtype``) cast to float32 in the reduce, or float32 values (``dtype`` float32: tf32 tensor cores); ``m`` and
-    ``n`` are output loops, ``k`` the reduce's range; other output loops (batch) may index either operand."""
+    (``dtype``) cast to float32 in the reduce, or float32 values (``dtype`` float32: tf32 tensor cores), or for the
+    ``simt`` layout values of the reduce's dtype (``simt_contraction``); ``m`` and ``n`` are output loops, ``k``
+    the reduce's range; other output loops (batch) may index either operand."""
 
     reduce: Expr
     m: Expr
@@ -269,16 +347,16 @@ class Contraction:
 class Geometry:
     """How one kernel maps onto the GPU; see the module docstring for the strategies."""
 
-    strategy: str  # "thread", "tile", "scatter", "scan", "columns", "mma" or "group"
+    strategy: str  # "thread", "tile", "scatter", "scan", "columns", "mma", "simt" or "group"
     split: int  # output loops [0, split) index the work items (threads or groups)
     flat: int  # output loops [split, flat) are strided over a group's threads (== split for "thread")
-    items: int  # work items: threads ("thread"), outputs ("columns"), block tiles ("mma") or groups ("group")
+    items: int  # work items: threads ("thread"), outputs ("columns"), block tiles ("mma", "simt"), groups ("group")
     group_threads: int  # threads per group (1 for "thread"; TY, the threads sharing one output, for "columns")
     groups_per_block: int
     block: tuple[int, int, int]
-    contraction: Contraction | None = None  # for "mma": the matched reduce
+    contraction: Contraction | None = None  # for "mma" and "simt": the matched reduce
     tile: MmaTile | None = None  # for "mma": the block / warp tiling
-    stages: int = 1  # for "mma": shared buffers per operand (``MMA_STAGES``; 2: software pipelined)
+    stages: int = 1  # for "mma" / "simt": shared buffers per operand (``MMA_STAGES``; 2: software pipelined)
     ldmatrix: bool = False  # for "mma": 16-bit fragments of unswizzled (k-first) tiles by ldmatrix on sm_80+
     async_copy: bool = False  # for "mma": tiles filled by cp.async into a ring of ``stages`` buffers (no registers)
     vector: int = 1  # for "thread": consecutive outputs per thread along the innermost loop (``plan_vector``)
@@ -287,12 +365,13 @@ class Geometry:
     vector_stores: frozenset[int] = frozenset()  # indices into ``kernel.stores`` written as vectors
     staged: tuple[Expr, ...] = ()  # for "tile": the loads read through shared tiles (``tile_loads``)
     scatter: tuple[Expr, Expr, int] | None = None  # for "scatter": target loop, row index, rows per thread
+    simt: SimtTile | None = None  # for "simt": the block and thread tiling (``contraction`` holds the reduce)
     grid: tuple[int, int, int] | None = None  # blocks to launch; None until the ``size_grid`` pass
 
     @property
     def per_block(self) -> int:
         """Work items per block: the grid is ``ceil(items / per_block)`` blocks, capped."""
-        if self.strategy in ("mma", "tile"):
+        if self.strategy in ("mma", "simt", "tile"):
             return 1
         return self.block[1] if self.strategy in ("group", "scan") else self.block[0]
 
@@ -861,8 +940,75 @@ def mma_vector_fill(c: Contraction) -> tuple[bool, bool]:
     return ok(c.a, c.k if a_k else c.m), ok(c.b, c.k if b_k else c.n)
 
 
+def simt_contraction(k: Kernel) -> Contraction | None:
+    """``k``'s contraction for the ``simt`` layout: ``contraction.find_contraction``'s, of a dtype in
+    ``SIMT_DTYPES`` (the operands are values of it), depending on every output loop; ``dtype`` is the reduce's."""
+    if k.then:
+        return None
+    c = contraction.find_contraction(k)
+    if c is None or c.red.dtype not in SIMT_DTYPES or set(c.red.ranges) != set(k.loops):
+        return None
+    return Contraction(c.red, c.m, c.n, c.k, c.a, c.b, c.red.dtype)
+
+
+def simt_wide(c: Contraction) -> bool:
+    """Whether ``widen_accumulators`` will accumulate ``c`` in float64: a float32 sum of ``opt.WIDE_ACC_MIN`` or
+    more terms, which each thread of the ``simt`` layout adds in sequence."""
+    return c.dtype is dtypes.float32 and c.k.arg[1] >= opt.WIDE_ACC_MIN
+
+
+def simt_tiles(info: DeviceInfo, c: Contraction, stages: int = 1) -> tuple[int, ...]:
+    """Indices into ``SIMT_TILES`` of the tilings that fit ``info`` (shared memory for ``stages`` buffers, threads
+    per block) and whose accumulators fit ``SIMT_ACC_BYTES``."""
+    limit = max(info.max_local_threads, WARP)
+    shared = info.local_memory_bytes or 48 * 1024
+    size, wide = c.dtype.itemsize, simt_wide(c)
+    return tuple(i for i, t in enumerate(SIMT_TILES)
+                 if t.threads <= limit and t.shared_bytes(size, stages) <= shared
+                 and t.acc_bytes(8 if wide else size, wide) <= SIMT_ACC_BYTES)
+
+
+def _simt_geometry(k: Kernel, info: DeviceInfo, tile: int | None = None,
+                   stages: int | None = None) -> tuple[Geometry, bool] | None:
+    """A contraction on CUDA cores (``simt_contraction``: tensor cores do not take its dtype, or float32 without
+    ``allow_tf32``): one block per ``SimtTile`` of the output (and batch index), and whether the heuristic would
+    take it (``SIMT_MIN``, ``SIMT_MIN_K``, blocks for half the SMs). ``tile`` and ``stages`` as ``_mma_geometry``'s:
+    the heuristic takes, among the tilings that waste little on the edges (``SIMT_MIN_USED``), the first that gives
+    every SM a block, else the one with the most blocks, and 2 stages when that tile fits them."""
+    c = simt_contraction(k)
+    if c is None:
+        return None
+    if stages not in SIMT_STAGES or not simt_tiles(info, c, stages):
+        stages = None
+    fits = simt_tiles(info, c, stages or 1)
+    if not fits:
+        return None
+    batch = math.prod(r.arg[1] for r in k.loops if r is not c.m and r is not c.n)
+
+    def blocks(t: SimtTile) -> int:
+        return batch * -(-c.m.arg[1] // t.bm) * -(-c.n.arg[1] // t.bn)
+
+    def used(t: SimtTile) -> float:  # the share of the tiles' outputs inside the bounds
+        m, n = c.m.arg[1], c.n.arg[1]
+        return m * n / (-(-m // t.bm) * t.bm * -(-n // t.bn) * t.bn)
+
+    units = max(info.compute_units, 1)
+    if tile not in fits:
+        best = max(used(SIMT_TILES[i]) for i in fits)
+        snug = [i for i in fits if used(SIMT_TILES[i]) >= SIMT_MIN_USED * best]
+        full = [i for i in snug if blocks(SIMT_TILES[i]) >= units]
+        tile = full[0] if full else max(snug, key=lambda i: (blocks(SIMT_TILES[i]), -i))
+    if stages is None:
+        stages = next(s for s in SIMT_STAGES if tile in simt_tiles(info, c, s))
+    t = SIMT_TILES[tile]
+    n = len(k.loops)
+    pays = (min(c.m.arg[1], c.n.arg[1]) >= SIMT_MIN and c.k.arg[1] >= SIMT_MIN_K
+            and 2 * max(blocks(SIMT_TILES[i]) for i in fits) >= units)
+    return Geometry("simt", n, n, blocks(t), 1, 1, (t.threads, 1, 1), c, stages=stages, simt=t), pays
+
+
 # the ``strategy`` parameter's values index this tuple
-STRATEGIES = ("thread", "group", "columns", "mma", "tile", "scatter", "scan")
+STRATEGIES = ("thread", "group", "columns", "mma", "tile", "scatter", "scan", "simt")
 
 Params = Mapping[str, int]
 
@@ -896,10 +1042,15 @@ def _choices(k: Kernel, info: DeviceInfo, root: Block, params: Params) -> tuple[
     scatter = _scatter_geometry(k, info, threads)
     if scatter is not None:
         legal["scatter"] = scatter
+    simt = _simt_geometry(k, info, params.get("simt_tile"), params.get("simt_stages"))
+    if simt is not None:
+        legal["simt"] = simt[0]
     if mma is not None:
         return "mma", legal
     if scatter is not None:
         return "scatter", legal
+    if simt is not None and simt[1]:
+        return "simt", legal
     if s == len(k.loops) and _prefer_thread(k, root, info):
         return "thread", legal
     if cols is not None and _columns_pay(root, cols):
@@ -929,7 +1080,7 @@ def lane_strides(k: Kernel) -> dict[Expr, int | None]:
     geom, root = geometry(k), linearize(k)
     loops = output_loops(root)
     out: dict[Expr, int | None] = {}
-    if geom.strategy == "mma":
+    if geom.strategy in ("mma", "simt"):
         return out  # the block fills shared tiles along the contiguous axes (mma_fill_order; see render_cuda)
     for red in _top_reduces(root, geom.split):
         if geom.strategy == "group":
@@ -1100,6 +1251,16 @@ def merge_reduces(k: Kernel, info: DeviceInfo, p: Params) -> Kernel:
     return _each_part(merge_nested_reduces)(k)
 
 
+def split_contraction_loops(k: Kernel, info: DeviceInfo, p: Params) -> Kernel:
+    """``opt.split_divmod_loops`` on a kernel whose only reduce it turns into a contraction: attention's heads,
+    merged with the columns of ``probs @ v`` by the output's reshape, reach ``probs`` as ``n // d``; split, the
+    heads are a batch loop and the tiled layouts (``mma``, ``simt``) take the product. Other kernels unchanged."""
+    if k.then or len(k.reduces()) != 1 or contraction.find_contraction(k) is not None:
+        return k
+    out = opt.split_divmod_loops(k)
+    return out if out is not k and contraction.find_contraction(out) is not None else k
+
+
 def order_reduce_ranges_pass(k: Kernel, info: DeviceInfo, p: Params) -> Kernel:
     """``order_reduce_ranges`` on each segment."""
     return _each_part(order_reduce_ranges)(k)
@@ -1162,14 +1323,15 @@ def widen_accumulators(k: Kernel, info: DeviceInfo, p: Params) -> Kernel:
 
 GPU_PASSES: tuple[tuple[str, Pass], ...] = (
     ("normalize", normalize), ("split_segments", split_segments), ("merge_loops", merge_loops),
-    ("merge_reduces", merge_reduces), ("order_reduce_ranges", order_reduce_ranges_pass),
+    ("merge_reduces", merge_reduces), ("split_contraction_loops", split_contraction_loops),
+    ("order_reduce_ranges", order_reduce_ranges_pass),
     ("order_output_loops", order_output_loops_pass),
     ("choose_layout", choose_layout), ("vectorize", vectorize), ("size_grid", size_grid),
     ("widen_accumulators", widen_accumulators))
 PASS_NAMES = tuple(name for name, _ in GPU_PASSES)
 # passes that only change speed: tests switch them off (``DISABLED``) and compare results
-OPTIONAL_PASSES = frozenset({"split_segments", "merge_loops", "merge_reduces", "order_reduce_ranges",
-                             "order_output_loops", "vectorize"})
+OPTIONAL_PASSES = frozenset({"split_segments", "merge_loops", "merge_reduces", "split_contraction_loops",
+                             "order_reduce_ranges", "order_output_loops", "vectorize"})
 DISABLED: set[str] = set()
 
 
@@ -1240,6 +1402,13 @@ def search_space(k: Kernel, info: DeviceInfo) -> dict[str, tuple[int, ...]]:
             p["mma_ldmatrix"] = (1, 0)
         if mma_async_applies(legal["mma"].contraction):  # type: ignore[arg-type]
             p["mma_async"] = (0, 1)
+    if "simt" in legal:
+        g = legal["simt"]
+        c = g.contraction
+        assert c is not None and g.simt is not None
+        first = SIMT_TILES.index(g.simt)
+        p["simt_tile"] = (first,) + tuple(i for i in simt_tiles(info, c) if i != first)
+        p["simt_stages"] = (g.stages,) + tuple(s for s in SIMT_STAGES if s != g.stages and simt_tiles(info, c, s))
     return p
 
 
@@ -1261,4 +1430,4 @@ __all__ = ["Contraction", "GPU_PASSES", "Geometry", "MMA_TILES", "MmaTile", "acc
            "optimize", "order_output_loops", "order_reduce_ranges", "output_blocks", "output_loops", "plan",
            "plan_vector", "tile_loads", "vector_piece", "contiguous_aligned",
            "reduce_chain", "reduce_depths", "reduce_loads", "reference_info", "search_space", "serial_lengths",
-           "STRATEGIES"]
+           "SIMT_TILES", "SimtTile", "simt_contraction", "simt_tiles", "simt_wide", "STRATEGIES"]

@@ -11,7 +11,9 @@ reduce identities and updates are the host's, so both targets compute the same t
   ``__shared__ acc_sh[TY][TX]``) and ``mma`` (operand tiles staged in ``__shared__ zsa`` / ``zsb`` by the whole
   block, fragments read from them, ``mma.sync.m16n8k16`` (``m16n8k8`` tf32 for float32) as inline PTX under
   ``__CUDA_ARCH__ >= 800``, with a portable branch that exchanges the same fragment registers by ``__shfl_sync``,
-  so the emulator checks the shared layout, the fragment layout and the indexing). A vectorized ``thread`` layout
+  so the emulator checks the shared layout, the fragment layout and the indexing), ``simt`` (operand tiles in
+  ``__shared__ zsa`` / ``zsb`` as for ``mma``, each thread's runs of rows and columns read as 16-byte vectors into
+  registers, ``fma`` into a register tile of accumulators). A vectorized ``thread`` layout
   (``Geometry.vector``) reads and writes its proven-aligned accesses through ``zyx_vld_T`` / ``zyx_vst_T``
   (``float4``, ``uint4``, ``double2``, ...; 1- and 2-byte elements packed little-endian in 32-bit words), which
   trap on a misaligned address when compiled for anything but a GPU (the emulator), as the GPU faults.
@@ -33,7 +35,7 @@ reduce identities and updates are the host's, so both targets compute the same t
   still the hardware's (saturating) result.
 
 Invariants: the rendered source depends only on the kernel and its geometry; ``__shared__`` arrays (for cross-warp
-reduces and mma tiles) are declared at the top of the kernel, static but for the ``cp.async`` ring of an mma
+reduces, mma and simt tiles) are declared at the top of the kernel, static but for the ``cp.async`` ring of an mma
 kernel, which is dynamic (it may exceed the 48 KiB of static shared memory), sized by ``CudaSource.shared_bytes``.
 """
 
@@ -422,6 +424,8 @@ class _Writer:
             self.columns_frame(root)
         elif self.g.strategy == "mma":
             self.mma_frame(root)
+        elif self.g.strategy == "simt":
+            self.simt_frame(root)
         else:
             self.group_frame(root)
 
@@ -447,13 +451,8 @@ class _Writer:
         words as the word reads, exactly emulated off the GPU."""
         g, c, t = self.g, self.g.contraction, self.g.tile
         assert c is not None and t is not None
-        loops = gpu.output_loops(root)
-        size_m, size_n = c.m.arg[1], c.n.arg[1]
-        blocks_m, blocks_n = -(-size_m // t.bm), -(-size_n // t.bn)
-        batch = [lp for lp in loops if lp.range is not c.m and lp.range is not c.n]
         tm, tn = t.tiles_m, t.tiles_n
         stages = g.stages
-        it = index_type(g.items + g.grid[0])
         a_k, b_k = gpu.mma_fill_order(c)
         rw = t.row_words(True, gpu.mma_pack(c.dtype))
         if g.async_copy:  # dynamic shared 16-bit elements: k-first [rows][bk + pad], row-first [bk][rows + pad]
@@ -473,13 +472,7 @@ class _Writer:
         self.emit("  ", f"const int zid = zw * {gpu.WARP} + zl, zwm = zw / {t.wn}, zwn = zw % {t.wn};")
         if g.async_copy:
             self.emit("  ", "zyx_cp_queue zq;")
-        self.emit("  ", f"for ({it} zg = ({it})blockIdx.x; zg < {g.items}; zg += ({it})gridDim.x) {{")
-        ind = "    "
-        if batch:
-            self.emit(ind, f"const {it} zbt = zg / {blocks_m * blocks_n};")
-            self.decode(batch, "zbt", ind)
-        self.emit(ind, f"const int zbm = (int)((zg / {blocks_n}) % {blocks_m}) * {t.bm}, "
-                       f"zbn = (int)(zg % {blocks_n}) * {t.bn};")
+        ind = self.block_tiles(root, t.bm, t.bn)
         self.emit(ind, f"float zc[{tm}][{tn}][4];")
         self.emit(ind, f"for (int zi = 0; zi < {tm}; zi++) for (int zj = 0; zj < {tn}; zj++) "
                        "for (int zq = 0; zq < 4; zq++) zc[zi][zj][zq] = 0.0f;")
@@ -490,8 +483,66 @@ class _Writer:
         self.mma_epilogue(root, ind)
         self.emit("  ", "}")
 
+    def block_tiles(self, root: Block, bm: int, bn: int) -> str:
+        """Open the grid-stride loop over the contraction's ``bm x bn`` output tiles (``zg``; batch loops
+        decoded, the tile's first row ``zbm`` and column ``zbn``); the body's indent."""
+        g, c = self.g, self.g.contraction
+        assert c is not None and g.grid is not None
+        blocks_m, blocks_n = -(-c.m.arg[1] // bm), -(-c.n.arg[1] // bn)
+        batch = [lp for lp in gpu.output_loops(root) if lp.range is not c.m and lp.range is not c.n]
+        it = index_type(g.items + g.grid[0])
+        self.emit("  ", f"for ({it} zg = ({it})blockIdx.x; zg < {g.items}; zg += ({it})gridDim.x) {{")
+        ind = "    "
+        if batch:
+            self.emit(ind, f"const {it} zbt = zg / {blocks_m * blocks_n};")
+            self.decode(batch, "zbt", ind)
+        self.emit(ind, f"const int zbm = (int)((zg / {blocks_n}) % {blocks_m}) * {bm}, "
+                       f"zbn = (int)(zg % {blocks_n}) * {bn};")
+        return ind
+
+    def staged_steps(self, step: int, declare: Callable[[str], None], fill: Callable[[str, str], None],
+                     store: Callable[[str, str], None], compute: Callable[[str], None], ind: str) -> None:
+        """The k loop (``zk`` by ``step``) of a tiled contraction whose threads fill shared tiles through registers
+        (``S = g.stages`` buffers, ``zbf`` the one computed on): ``declare(ind)`` declares the registers,
+        ``fill(k, ind)`` loads step ``k``'s into them, ``store(buf, ind)`` stores them into buffer ``buf``,
+        ``compute(ind)`` reads buffer ``zbf``. With 1 stage a step fills, stores, barrier, computes, barrier; with
+        2 the prologue fills buffer 0 and a barrier, then step ``zk`` loads step ``zk + step``'s registers,
+        computes, stores into ``zbf ^ 1`` (last read in the previous step, before its barrier) and meets its one
+        barrier, which also orders this tile's last reads before the next tile's prologue."""
+        size_k = self.g.contraction.k.arg[1]  # type: ignore[union-attr]
+        two = self.g.stages == 2
+        if two:  # prologue: step 0 into buffer 0
+            self.emit(ind, "{")
+            declare(ind + "  ")
+            fill("0", ind + "  ")
+            store("0", ind + "  ")
+            self.emit(ind, "}")
+            self.emit(ind, "__syncthreads();")
+            self.emit(ind, f"for (int zk = 0, zbf = 0; zk < {size_k}; zk += {step}, zbf ^= 1) {{")
+        else:
+            self.emit(ind, f"for (int zk = 0, zbf = 0; zk < {size_k}; zk += {step}) {{")
+        i2 = ind + "  "
+        if two:  # the next step's global loads, in flight during this step's products
+            self.emit(i2, f"const bool zpf = zk + {step} < {size_k};")
+            declare(i2)
+            self.emit(i2, "if (zpf) {")
+            fill(f"zk + {step}", i2 + "  ")
+            self.emit(i2, "}")
+        else:
+            declare(i2)
+            fill("zk", i2)
+            store("0", i2)
+            self.emit(i2, "__syncthreads();")
+        compute(i2)
+        if two:  # the other buffer was last read in the previous step, before its barrier
+            self.emit(i2, "if (zpf) {")
+            store("zbf ^ 1", i2 + "  ")
+            self.emit(i2, "}")
+        self.emit(i2, "__syncthreads();")
+        self.emit(ind, "}")
+
     def mma_register_steps(self, ind: str) -> None:
-        """The k loop of ``mma_frame`` whose threads fill the tiles through registers (``S = g.stages``)."""
+        """The k loop of ``mma_frame`` whose threads fill the tiles through registers (``staged_steps``)."""
         g, c, t = self.g, self.g.contraction, self.g.tile
         assert c is not None and t is not None
         size_m, size_n, size_k = c.m.arg[1], c.n.arg[1], c.k.arg[1]
@@ -499,7 +550,6 @@ class _Writer:
         tm, tn, kw = t.tiles_m, t.tiles_n, t.bk // pack
         wtm, wtn = t.bm // t.wm, t.bn // t.wn
         threads = t.warps * gpu.WARP
-        stages = g.stages
         a_k, b_k = gpu.mma_fill_order(c)
         a_v, b_v = gpu.mma_vector_fill(c)
         a_s, b_s = gpu.mma_swizzle(a_k, kw), gpu.mma_swizzle(b_k, kw)
@@ -515,63 +565,39 @@ class _Writer:
             for u, arr, reg, r, base, size, rows, kf, vec, swz in ops:
                 fill(u, reg, r, base, size, rows, kf, vec, c.k, "", size_k, kw, threads, ind, (arr, buf, swz))
 
-        if stages == 2:  # prologue: step 0 into buffer 0
-            self.emit(ind, "{")
-            self.declare_regs(ops, pack, kw, threads, ind + "  ")
-            fill_all("0", ind + "  ")
-            store_all("0", ind + "  ")
-            self.emit(ind, "}")
-            self.emit(ind, "__syncthreads();")
-            self.emit(ind, f"for (int zk = 0, zbf = 0; zk < {size_k}; zk += {t.bk}, zbf ^= 1) {{")
-        else:
-            self.emit(ind, f"for (int zk = 0, zbf = 0; zk < {size_k}; zk += {t.bk}) {{")
-        i2 = ind + "  "
-        if stages == 2:  # the next step's global loads, in flight during this step's mma's
-            self.emit(i2, f"const bool zpf = zk + {t.bk} < {size_k};")
-            self.declare_regs(ops, pack, kw, threads, i2)
-            self.emit(i2, "if (zpf) {")
-            fill_all(f"zk + {t.bk}", i2 + "  ")
+        def compute(i2: str) -> None:
+            self.emit(i2, "#pragma unroll")
+            self.emit(i2, f"for (int zp = 0; zp < {kw}; zp += 8) {{")
+            i3 = i2 + "  "
+            col = swizzled
+            self.emit(i3, f"unsigned int za[{tm}][4], zb[{tn}][2];")
+            self.emit(i3, "#pragma unroll")
+            self.emit(i3, f"for (int zi = 0; zi < {tm}; zi++) {{")
+            if g.ldmatrix and not a_s:  # lane l: row l & 15 of the 16-row tile, k-pairs zp (l < 16) or zp + 4
+                self.ldmatrix("za[zi]", 4,
+                              f"zsa[zbf][zwm * {wtm} + zi * {gpu.MMA_M} + (zl & 15)][zp + ((zl >> 4) << 2)]", i3 + "  ")
+            else:
+                self.emit(i3, f"  const int zu = zwm * {wtm} + zi * {gpu.MMA_M} + zr;")
+                self.emit(i3, f"  za[zi][0] = zsa[zbf][zu][{col('zp + zt', 'zu', a_s)}]; "
+                              f"za[zi][1] = zsa[zbf][zu + 8][{col('zp + zt', 'zu + 8', a_s)}];")
+                self.emit(i3, f"  za[zi][2] = zsa[zbf][zu][{col('zp + zt + 4', 'zu', a_s)}]; "
+                              f"za[zi][3] = zsa[zbf][zu + 8][{col('zp + zt + 4', 'zu + 8', a_s)}];")
+            self.emit(i3, "}")
+            self.emit(i3, "#pragma unroll")
+            self.emit(i3, f"for (int zj = 0; zj < {tn}; zj++) {{")
+            if g.ldmatrix and not b_s:  # lane l: column l & 7 of the 8-column tile, k-pairs zp or zp + 4
+                row = f"zwn * {wtn} + zj * {gpu.MMA_N} + (zl & 7)"
+                self.ldmatrix("zb[zj]", 2, f"zsb[zbf][{row}][zp + (((zl >> 3) & 1) << 2)]", i3 + "  ")
+            else:
+                self.emit(i3, f"  const int zv = zwn * {wtn} + zj * {gpu.MMA_N} + zr;")
+                self.emit(i3, f"  zb[zj][0] = zsb[zbf][zv][{col('zp + zt', 'zv', b_s)}]; "
+                              f"zb[zj][1] = zsb[zbf][zv][{col('zp + zt + 4', 'zv', b_s)}];")
+            self.emit(i3, "}")
+            self.mma_products(i3)
             self.emit(i2, "}")
-        else:
-            self.declare_regs(ops, pack, kw, threads, i2)
-            fill_all("zk", i2)
-            store_all("0", i2)
-            self.emit(i2, "__syncthreads();")
-        self.emit(i2, "#pragma unroll")
-        self.emit(i2, f"for (int zp = 0; zp < {kw}; zp += 8) {{")
-        i3 = i2 + "  "
-        col = swizzled
-        self.emit(i3, f"unsigned int za[{tm}][4], zb[{tn}][2];")
-        self.emit(i3, "#pragma unroll")
-        self.emit(i3, f"for (int zi = 0; zi < {tm}; zi++) {{")
-        if g.ldmatrix and not a_s:  # lane l: row l & 15 of the 16-row tile, k-pairs zp (l < 16) or zp + 4
-            self.ldmatrix("za[zi]", 4, f"zsa[zbf][zwm * {wtm} + zi * {gpu.MMA_M} + (zl & 15)][zp + ((zl >> 4) << 2)]",
-                          i3 + "  ")
-        else:
-            self.emit(i3, f"  const int zu = zwm * {wtm} + zi * {gpu.MMA_M} + zr;")
-            self.emit(i3, f"  za[zi][0] = zsa[zbf][zu][{col('zp + zt', 'zu', a_s)}]; "
-                          f"za[zi][1] = zsa[zbf][zu + 8][{col('zp + zt', 'zu + 8', a_s)}];")
-            self.emit(i3, f"  za[zi][2] = zsa[zbf][zu][{col('zp + zt + 4', 'zu', a_s)}]; "
-                          f"za[zi][3] = zsa[zbf][zu + 8][{col('zp + zt + 4', 'zu + 8', a_s)}];")
-        self.emit(i3, "}")
-        self.emit(i3, "#pragma unroll")
-        self.emit(i3, f"for (int zj = 0; zj < {tn}; zj++) {{")
-        if g.ldmatrix and not b_s:  # lane l: column l & 7 of the 8-column tile, k-pairs zp or zp + 4
-            row = f"zwn * {wtn} + zj * {gpu.MMA_N} + (zl & 7)"
-            self.ldmatrix("zb[zj]", 2, f"zsb[zbf][{row}][zp + (((zl >> 3) & 1) << 2)]", i3 + "  ")
-        else:
-            self.emit(i3, f"  const int zv = zwn * {wtn} + zj * {gpu.MMA_N} + zr;")
-            self.emit(i3, f"  zb[zj][0] = zsb[zbf][zv][{col('zp + zt', 'zv', b_s)}]; "
-                          f"zb[zj][1] = zsb[zbf][zv][{col('zp + zt + 4', 'zv', b_s)}];")
-        self.emit(i3, "}")
-        self.mma_products(i3)
-        self.emit(i2, "}")
-        if stages == 2:  # the other buffer was last read in the previous step, before its barrier
-            self.emit(i2, "if (zpf) {")
-            store_all("zbf ^ 1", i2 + "  ")
-            self.emit(i2, "}")
-        self.emit(i2, "__syncthreads();")
-        self.emit(ind, "}")
+
+        self.staged_steps(t.bk, lambda i: self.declare_regs(ops, pack, kw, threads, i), fill_all, store_all,
+                          compute, ind)
 
     def mma_products(self, ind: str) -> None:
         """Every warp's ``zc[zi][zj] += za[zi] x zb[zj]`` of one k16 (k8 tf32) step."""
@@ -661,31 +687,136 @@ class _Writer:
 
     def mma_epilogue(self, root: Block, ind: str) -> None:
         """Per accumulator element inside the bounds: the output block's statements and stores."""
-        c, t = self.g.contraction, self.g.tile
-        assert c is not None and t is not None
-        blocks = gpu.output_blocks(root)
-        size_m, size_n = c.m.arg[1], c.n.arg[1]
-        tm, tn = t.tiles_m, t.tiles_n
+        t = self.g.tile
+        assert t is not None
         wtm, wtn = t.bm // t.wm, t.bn // t.wn
-        self.emit(ind, f"for (int zi = 0; zi < {tm}; zi++) for (int zj = 0; zj < {tn}; zj++) "
+        self.emit(ind, f"for (int zi = 0; zi < {t.tiles_m}; zi++) for (int zj = 0; zj < {t.tiles_n}; zj++) "
                        "for (int zq = 0; zq < 4; zq++) {")
+        self.emit(ind + "  ", f"const int zm = zbm + zwm * {wtm} + zi * {gpu.MMA_M} + zr + 8 * (zq >> 1), "
+                              f"zn = zbn + zwn * {wtn} + zj * {gpu.MMA_N} + zt * 2 + (zq & 1);")
+        self.contraction_outputs(root, "zc[zi][zj][zq]", ind + "  ")
+        self.emit(ind, "}")
+
+    def contraction_outputs(self, root: Block, value: str, ind: str) -> None:
+        """With the output row ``zm`` and column ``zn`` defined and the contraction's value spelled ``value``:
+        when inside the bounds, the output block's statements and stores."""
+        c = self.g.contraction
+        assert c is not None
+        self.emit(ind, f"if (zm < {c.m.arg[1]} && zn < {c.n.arg[1]}) {{")
         i2 = ind + "  "
-        self.emit(i2, f"const int zm = zbm + zwm * {wtm} + zi * {gpu.MMA_M} + zr + 8 * (zq >> 1), "
-                      f"zn = zbn + zwn * {wtn} + zj * {gpu.MMA_N} + zt * 2 + (zq & 1);")
-        self.emit(i2, f"if (zm < {size_m} && zn < {size_n}) {{")
-        i3 = i2 + "  "
+        blocks = gpu.output_blocks(root)
         saved = dict(self.name)
-        self.emit(i3, f"const int {range_name(c.m)} = zm, {range_name(c.n)} = zn;")
-        self.name[c.reduce] = "zc[zi][zj][zq]"
+        self.emit(i2, f"const int {range_name(c.m)} = zm, {range_name(c.n)} = zn;")
+        self.name[c.reduce] = value
         for blk in blocks:
             for st in blk.stmts:
                 if not isinstance(st, Reduce):
-                    self.define(st, i3)
+                    self.define(st, i2)
         for blk in reversed(blocks):
-            self.tail(blk, i3)
+            self.tail(blk, i2)
         self.name = saved
-        self.emit(i2, "}")
         self.emit(ind, "}")
+
+    def simt_frame(self, root: Block) -> None:
+        """One block of ``bm/tm x bn/tn`` threads per ``bm x bn`` output tile (``gpu.SimtTile``), stepping k by
+        ``bk`` (``staged_steps``): the threads evaluate ``a`` into ``zsa[S][bk][bm + pad]`` and ``b`` into
+        ``zsb[S][bk][bn + pad]`` (zero outside the bounds; adjacent threads along the operand's contiguous axis,
+        ``gpu.mma_fill_order``), then thread ``(zty, ztx)`` reads ``a`` at rows ``zty + (bm/tm) zi`` and ``b`` at
+        columns ``ztx + (bn/tn) zj`` per k and updates accumulator ``zc[zi][zj]`` as the serial reduce would
+        (``accumulate``: ``fma`` for floats, wrapping integers). With ``wide_acc`` the updates go to float32
+        partials ``zp`` that are added into the float64 ``zc`` every ``gpu.SIMT_PARTIAL`` k and at the end."""
+        g, c, t = self.g, self.g.contraction, self.g.simt
+        assert c is not None and t is not None
+        size_k = c.k.arg[1]
+        ty = self.r.reg_type(c.dtype)
+        pad, stages = gpu.simt_pad(c.dtype.itemsize), g.stages
+        vm, vn = t.vector(c.dtype.itemsize)
+        at = self.r.acc_type(c.reduce, self.k)
+        wide = at != ty
+        self.shared.append(f"  __shared__ __align__(16) {ty} zsa[{stages}][{t.bk}][{t.bm + pad}];")
+        self.shared.append(f"  __shared__ __align__(16) {ty} zsb[{stages}][{t.bk}][{t.bn + pad}];")
+        self.emit("  ", f"const int zid = threadIdx.x, zty = zid / {t.threads_n}, ztx = zid % {t.threads_n};")
+        ind = self.block_tiles(root, t.bm, t.bn)
+        ident = self.r.identity(Ops.ADD, c.reduce, at)
+        self.emit(ind, f"{at} zc[{t.tm}][{t.tn}];")
+        self.emit(ind, f"for (int zi = 0; zi < {t.tm}; zi++) for (int zj = 0; zj < {t.tn}; zj++) zc[zi][zj] = {ident};")
+        if wide:
+            self.emit(ind, f"{ty} zp[{t.tm}][{t.tn}];")
+            self.emit(ind, f"for (int zi = 0; zi < {t.tm}; zi++) for (int zj = 0; zj < {t.tn}; zj++) "
+                           "zp[zi][zj] = 0.0f;")
+        a_k, b_k = gpu.mma_fill_order(c)
+        ops = ((c.a, "zsa", "zra", c.m, "zbm", t.bm, a_k), (c.b, "zsb", "zrb", c.n, "zbn", t.bn, b_k))
+
+        def declare(ind: str) -> None:
+            for _, _, reg, _, _, rows, _ in ops:
+                self.emit(ind, f"{ty} {reg}[{-(-rows * t.bk // t.threads)}];")
+
+        def fill(kb: str, ind: str) -> None:
+            zero = self.r.literal(0, c.dtype)
+            for u, _, reg, r, base, rows, kf in ops:
+                i2, guard = self.fill_loop((t.bk, rows) if kf else (rows, t.bk), kf, t.threads, ind)
+                at_k = {r: (f"{base} + zu", r.arg[1]), c.k: (f"{kb} + zv", size_k)}
+                self.at_ranges(at_k, [u], lambda inb, reg=reg, u=u: f"{reg}[zf] = ({inb}) ? {self.value(u)} : {zero};",
+                               i2)
+                self.close_loop(guard, ind)
+
+        def store(buf: str, ind: str) -> None:
+            for _, arr, reg, _, _, rows, kf in ops:
+                i2, guard = self.fill_loop((t.bk, rows) if kf else (rows, t.bk), kf, t.threads, ind)
+                self.emit(i2, f"{arr}[{buf}][zv][zu] = {reg}[zf];")
+                self.close_loop(guard, ind)
+
+        def compute(i2: str) -> None:
+            acc = "zp[zi][zj]" if wide else "zc[zi][zj]"
+            names = {c.a: "za[zi]", c.b: "zb[zj]"}
+
+            def spell(x: Expr) -> str:  # the operands by register, the product (integers) as an expression
+                return names[x] if x in names else self.r.expr(x, names, self.k.params)
+
+            self.emit(i2, "#pragma unroll")
+            self.emit(i2, f"for (int zkk = 0; zkk < {t.bk}; zkk++) {{")
+            i3 = i2 + "  "
+            self.emit(i3, f"{ty} za[{t.tm}], zb[{t.tn}];")
+            self.simt_runs("za", "zsa", "zty", t.tm, vm, t.threads_m, c.dtype, i3)
+            self.simt_runs("zb", "zsb", "ztx", t.tn, vn, t.threads_n, c.dtype, i3)
+            self.emit(i3, "#pragma unroll")
+            self.emit(i3, f"for (int zi = 0; zi < {t.tm}; zi++)")
+            self.emit(i3, "#pragma unroll")
+            self.emit(i3, f"for (int zj = 0; zj < {t.tn}; zj++) "
+                          f"{self.r.accumulate(c.reduce, acc, ty if wide else at, spell)}")
+            self.emit(i2, "}")
+            if wide:  # fold the float32 partials into the float64 sums every SIMT_PARTIAL k and after the last
+                self.emit(i2, f"if ((zk + {t.bk}) % {gpu.SIMT_PARTIAL} == 0 || zk + {t.bk} >= {size_k}) {{")
+                self.emit(i2 + "  ", f"for (int zi = 0; zi < {t.tm}; zi++) for (int zj = 0; zj < {t.tn}; zj++) "
+                                     "{ zc[zi][zj] += (double)zp[zi][zj]; zp[zi][zj] = 0.0f; }")
+                self.emit(i2, "}")
+
+        self.staged_steps(t.bk, declare, fill, store, compute, ind)
+        rt = self.r.reg_type(c.reduce.dtype)
+        self.emit(ind, "#pragma unroll")
+        self.emit(ind, f"for (int zi = 0; zi < {t.tm}; zi++)")
+        self.emit(ind, "#pragma unroll")
+        self.emit(ind, f"for (int zj = 0; zj < {t.tn}; zj++) {{")
+        self.emit(ind + "  ", f"const int zm = zbm + {simt_offset('zi', 'zty', vm, t.threads_m)}, "
+                              f"zn = zbn + {simt_offset('zj', 'ztx', vn, t.threads_n)};")
+        self.contraction_outputs(root, f"(({rt})zc[zi][zj])" if wide else "zc[zi][zj]", ind + "  ")
+        self.emit(ind, "}")
+        self.emit("  ", "}")
+
+    def simt_runs(self, regs: str, arr: str, thread: str, count: int, v: int, threads: int, d: DType,
+                  ind: str) -> None:
+        """``regs[0..count)`` = the thread's elements of row ``zkk`` of shared tile ``arr`` (``gpu.SimtTile``): runs
+        of ``v`` read as one vector each (``zyx_vld``: checked aligned under emulation), or one by one."""
+        if v == 1:
+            self.emit(ind, f"for (int zi = 0; zi < {count}; zi++) {regs}[zi] = "
+                           f"{arr}[zbf][zkk][{simt_offset('zi', thread, 1, threads)}];")
+            return
+        vt, fields = vector_type(d, v * d.itemsize)
+        for run in range(count // v):
+            x = f"{regs}_v{run}"
+            self.emit(ind, f"const {vt} {x} = zyx_vld_{_vector_suffix(vt)}(&{arr}[zbf][zkk][{run * threads * v} + "
+                           f"{thread} * {v}]);")
+            self.emit(ind, " ".join(f"{regs}[{run * v + i}] = {x}.{f};" for i, f in enumerate(fields)))
 
     @staticmethod
     def fill_shape(pack: int, k_first: bool, vector: bool, rows: int, kw: int) -> tuple[tuple[int, int], str]:
@@ -819,18 +950,25 @@ class _Writer:
 
     def vector_access(self, u: Expr, at: dict[Expr, tuple[str, int]], stmt: Callable[[str, str], str],
                       ind: str) -> None:
-        """A scope defining the ranges of ``at`` (C expression, size per range) clamped into the bounds and the
-        index of the plain load ``u`` there, then ``stmt(address, in-bounds condition)``."""
+        """``stmt(address, in-bounds condition)`` for the plain load ``u`` at the range values ``at``
+        (``at_ranges``)."""
+        self.at_ranges(at, [u.srcs[0]], lambda inb: stmt(f"(p{u.arg} + {self.value(u.srcs[0])})", inb), ind)
+
+    def at_ranges(self, at: dict[Expr, tuple[str, int]], roots: list[Expr], stmt: Callable[[str], str],
+                  ind: str) -> None:
+        """A scope defining the ranges of ``at`` (C expression, size per range) clamped into the bounds (so every
+        load stays inside its buffer) and the values of ``roots``, then the line ``stmt(in-bounds condition)``
+        (called while those names are defined; they are forgotten after the scope)."""
         self.emit(ind, "{")
         i2 = ind + "  "
         inb = " && ".join(f"({x}) < {n}" for x, n in at.values())
         for rr, (x, n) in at.items():
             self.emit(i2, f"const int {range_name(rr)} = ({x}) < {n} ? ({x}) : {n - 1};")
         saved = dict(self.name)
-        for e in ir.toposort([u.srcs[0]]):
+        for e in ir.toposort(roots):
             if e.op not in (Ops.CONST, Ops.RANGE):
                 self.define(e, i2)
-        self.emit(i2, stmt(f"(p{u.arg} + {self.value(u.srcs[0])})", inb))
+        self.emit(i2, stmt(inb))
         self.name = saved
         self.emit(ind, "}")
 
@@ -932,25 +1070,18 @@ class _Writer:
         """OR the 16-bit pattern of ``u`` at the range values ``at`` (C expression, size per range; zero when one
         is out of bounds) into ``reg`` at bit ``shift``. A plain load reads its stored bits; a float32 ``u`` gives
         its 32 tf32 bits (``zyx_f32_to_tf32``)."""
-        self.emit(ind, "{")
-        i2 = ind + "  "
-        inb = " && ".join(f"({x}) < {n}" for x, n in at.values())
-        for r, (x, n) in at.items():
-            self.emit(i2, f"const int {range_name(r)} = ({x}) < {n} ? ({x}) : {n - 1};")
-        saved = dict(self.name)
         plain = u.op is Ops.LOAD and len(u.srcs) == 1
-        for e in ir.toposort([u.srcs[0]] if plain else [u]):
-            if e.op not in (Ops.CONST, Ops.RANGE):
-                self.define(e, i2)
-        if u.dtype is dtypes.float32:  # a tf32 operand: its value rounded to tf32
-            bits = f"zyx_f32_to_tf32({f'p{u.arg}[{self.value(u.srcs[0])}]' if plain else self.name[u]})"
-        elif plain:
-            bits = f"p{u.arg}[{self.value(u.srcs[0])}]"
-        else:
-            bits = f"zyx_f32_to_{u.dtype.name}({self.name[u]})"
-        self.name = saved
-        self.emit(i2, f"if ({inb}) {reg} |= (unsigned int)({bits}) << {shift};")
-        self.emit(ind, "}")
+
+        def stmt(inb: str) -> str:
+            if u.dtype is dtypes.float32:  # a tf32 operand: its value rounded to tf32
+                bits = f"zyx_f32_to_tf32({f'p{u.arg}[{self.value(u.srcs[0])}]' if plain else self.name[u]})"
+            elif plain:
+                bits = f"p{u.arg}[{self.value(u.srcs[0])}]"
+            else:
+                bits = f"zyx_f32_to_{u.dtype.name}({self.name[u]})"
+            return f"if ({inb}) {reg} |= (unsigned int)({bits}) << {shift};"
+
+        self.at_ranges(at, [u.srcs[0]] if plain else [u], stmt, ind)
 
     def columns_frame(self, root: Block) -> None:
         """``threadIdx.x`` along the flattened outputs, ``threadIdx.y`` splitting the reduces (see ``gpu``). The
@@ -1527,6 +1658,14 @@ class _Writer:
         self.emit(ind, f"for (int zw = 1; zw < {warps}; zw++) {{ {self.r.combine(op, acc, f'{acc}_sh[zw]', d)}"
                        + (f" {acc}_nan |= {acc}_shn[zw];" if nan else "") + " }")
         self.emit(ind, "__syncthreads();")
+
+
+def simt_offset(i: str, thread: str, v: int, threads: int) -> str:
+    """The tile row (column) of a thread's ``i``-th row (column) in the ``simt`` layout (``gpu.SimtTile``): runs of
+    ``v`` consecutive ones, ``threads x v`` apart."""
+    if v == 1:
+        return f"{thread} + {threads} * {i}"
+    return f"({i} / {v}) * {threads * v} + {thread} * {v} + {i} % {v}"
 
 
 def swizzled(w: str, row: str, mask: int) -> str:
