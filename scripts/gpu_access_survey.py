@@ -122,6 +122,8 @@ WORKLOADS: dict[str, Callable[[], object]] = {
 
 
 def main(argv: list[str]) -> int:
+    layouts = "--layouts" in argv  # also list every kernel's layout (strategy, and tiling where there is one)
+    argv = [a for a in argv if a != "--layouts"]
     seen: list[Kernel] = []
     planned = gpu.optimize
 
@@ -145,6 +147,11 @@ def main(argv: list[str]) -> int:
         print(f"{name}: {len(seen)} kernels planned" + ("" if lines else ", every access coalesced"))
         for line, times in lines.items():
             print(f"    {line}" + (f"  ({times} times)" if times > 1 else ""))
+        if layouts:
+            for k in dict.fromkeys(seen):
+                g = gpu.geometry(k)
+                tiling = g.simt or g.tile or ""
+                print(f"    layout {k.name:40s} {g.strategy:8s} block={g.block} grid={g.grid} {tiling}")
     print(f"{flagged} distinct kernels with an access to look at")
     return 0
 

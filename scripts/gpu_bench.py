@@ -539,6 +539,12 @@ def _forced_gpu_params(env: Env, allow_tf32: bool | None = None, passes_off: tup
         schedule.clear_cache()
 
 
+def _square_matmul(env: Env, n: int) -> tuple[int, float, int]:
+    """(size, flops, repeats) of an ``n``-cubed matmul case (``n / 64`` in a smoke run)."""
+    n = n // 64 if env.smoke else n
+    return n, 2.0 * n**3, env.repeats(10)
+
+
 def case_matmul_generated_variants(env: Env, n: int = 4096) -> list[Row]:
     """The generated matmul's pipeline choices timed side by side, cuDNN off: shared stages 1 / 2 and ldmatrix
     on / off for float16, the cp.async ring (``mma_async``, off by default until these rows say otherwise) on
@@ -547,10 +553,7 @@ def case_matmul_generated_variants(env: Env, n: int = 4096) -> list[Row]:
     right if its row beats the others."""
     if not env.is_cuda:
         return []
-    if env.smoke:
-        n = n // 64
-    flops = 2.0 * n**3
-    reps = env.repeats(10)
+    n, flops, reps = _square_matmul(env, n)
     rows = []
     a_np, b_np = _random((n, n), "float16", 5), _random((n, n), "float16", 6)
     a, b = env.tensor(a_np), env.tensor(b_np)
@@ -593,10 +596,7 @@ def case_matmul_simt(env: Env, n: int = 4096) -> list[Row]:
         return []
     from zyx.kernel import gpu
 
-    if env.smoke:
-        n = n // 64
-    flops = 2.0 * n**3
-    reps = env.repeats(10)
+    n, flops, reps = _square_matmul(env, n)
     a_np, b_np = _random((n, n), "float32", 9), _random((n, n), "float32", 10)
     a, b = env.tensor(a_np), env.tensor(b_np)
     ref = a_np[:64].astype(np.float64) @ b_np.astype(np.float64)
