@@ -191,6 +191,19 @@ def registry_with(tmp_path, config: dict):
         schedule.clear_cache()
 
 
+def nvrtc_compiles(sources) -> None:
+    """NVRTC compiles (PTX and ptxas: ``nvrtc.check_batch``) every source for sm_80, and for sm_90 those that sm_90
+    preprocesses differently (``cuda_codegen_check._arch_dependent``); the others are the same text, and code that
+    compiles for sm_80 compiles for sm_90. A failure names the kernels."""
+    from cuda_codegen_check import _arch_dependent
+
+    from zyx.backends.cuda import nvrtc
+
+    sources = list(sources)
+    nvrtc.check_batch(sources, "sm_80")
+    nvrtc.check_batch([s for s in sources if _arch_dependent(s)], "sm_90")
+
+
 def run_emulated_matmul(cs, k, a: np.ndarray, b: np.ndarray, max_blocks: int) -> np.ndarray:
     """Run the rendered CUDA source ``cs`` of ``k`` (``p0 = p1 @ p2`` up to layout; ``a`` and ``b`` are told apart
     by size) on the emulator's CPU runtime with at most ``max_blocks`` blocks; returns ``p0``."""

@@ -131,7 +131,7 @@ def assert_topk_is_the_sorts_first(x: np.ndarray, k: int, largest: bool, device:
     np.testing.assert_array_equal(inner.indices.numpy(), want.T)
 
 
-@pytest.mark.parametrize("dtype,n,k", [("float32", 100, 5), ("float64", 1000, 12), ("int32", 64, 4),
+@pytest.mark.parametrize("dtype,n,k", [("float32", 100, 5), ("float64", 1000, 8), ("int32", 64, 4),
                                        ("bool", 300, 3), ("float16", 200, 6), ("bfloat16", 64, 4),
                                        ("int64", 128, 5), ("uint8", 64, 4)])
 @pytest.mark.parametrize("largest", [True, False])
@@ -147,7 +147,7 @@ def test_small_topk_selects_in_sort_order(device, dtype, n, k, largest):
     assert_topk_is_the_sorts_first(data((3, n), dtype, n + k), k, largest, device)
 
 
-@pytest.mark.parametrize("dtype,n,k", [("float32", 300, 5), ("float64", 1000, 12), ("int32", 512, 4),
+@pytest.mark.parametrize("dtype,n,k", [("float32", 300, 5), ("float64", 1000, 8), ("int32", 512, 4),
                                        ("bool", 300, 3), ("float16", 200, 6), ("uint8", 640, 7)])
 @pytest.mark.parametrize("largest", [True, False])
 def test_long_rows_topk_picks_blocks_first(device, monkeypatch, dtype, n, k, largest):

@@ -384,6 +384,26 @@ def test_check_batch_still_assembles_inline_ptx():
 
 
 @needs_nvrtc
+def test_a_front_end_check_catches_cxx_errors_and_never_stands_for_a_compile():
+    """``check_batch(front_end=True)`` (the suite's check of every logged kernel): a C++ error fails it and names
+    the kernel; invalid inline PTX passes it (only ptxas sees PTX: the layouts' own tests compile fully); its
+    markers are its own, so a full check or compile of the same source still runs."""
+    if not nvrtc.front_end_option("sm_80"):
+        pytest.skip("this NVRTC has no -fdevice-syntax-only: check_batch compiles fully")
+    bad = 'extern "C" __global__ void __launch_bounds__(32) bad_front(float* p) { p[0] = nope; }\n'
+    with pytest.raises(BackendError, match="bad_front"):
+        nvrtc.check_batch([_fresh_kernel(""), bad], "sm_80", front_end=True)
+    ptx = _fresh_kernel('asm volatile("mma.sync.no_such_shape.f32 %0;" :: "f"(p[1]));')
+    src = _fresh_kernel("p[1] = 3.0f;")
+    assert nvrtc.check_batch([src, ptx], "sm_80", front_end=True) == 2
+    assert nvrtc.is_checked(src, "sm_80", front_end=True) and not nvrtc.is_checked(src, "sm_80")
+    assert nvrtc.check_batch([src], "sm_80", front_end=True) == 0  # remembered
+    assert nvrtc.check_batch([src], "sm_80") == 1 and nvrtc.is_checked(src, "sm_80")
+    with pytest.raises(BackendError):
+        nvrtc.check_batch([ptx], "sm_80")
+
+
+@needs_nvrtc
 def test_options_this_nvrtc_rejects_are_left_out(monkeypatch):
     monkeypatch.setattr(nvrtc, "FAST_OPTIONS", ("--no-such-nvrtc-option",))
     monkeypatch.setattr(nvrtc, "LEAN_OPTIONS", ("--no-such-lean-option",))
@@ -756,13 +776,16 @@ CASE_IDS = [c.name for c in CASES]
 @needs_nvrtc
 @pytest.mark.parametrize("c", CASES, ids=CASE_IDS)
 def test_corpus_compiles_for_sm80_and_sm90(c, rng):
+    """The cubin the H200 would load (sm_90, optimized: the device's own path), and the batch check for sm_80."""
     outs, _, _ = c.build(rng)
     kernels = kernels_of(*outs)
     assert kernels, "the case produced no generated kernel"
+    sources = []
     for k in kernels:
         cs = render_cuda(k, INFO)
-        for arch in ARCHS:
-            assert nvrtc.compile_cubin(cs.source, cs.name, arch)[:4] == b"\x7fELF"
+        assert nvrtc.compile_cubin(cs.source, cs.name, "sm_90")[:4] == b"\x7fELF"
+        sources.append(cs.source)
+    nvrtc.check_batch(sources, "sm_80")
 
 
 @needs_gxx

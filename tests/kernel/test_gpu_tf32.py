@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from conftest import host_without_blas, kernels_of, registry_with, run_emulated_matmul
+from conftest import host_without_blas, kernels_of, nvrtc_compiles, registry_with, run_emulated_matmul
 
 import zyx
 from zyx import dtypes
@@ -171,8 +171,7 @@ def test_every_tf32_tile_compiles_for_sm80_and_sm90():
         k = matmul_kernel(shape, (shape[1], 47 if shape[0] == 33 else 256))
         for i in gpu.search_space(k, TF32)["mma_tile"]:
             sources.append(CUDARenderer().render(gpu.optimize(k, TF32, {"mma_tile": i})).source)
-    for arch in ("sm_80", "sm_90"):
-        nvrtc.check_batch(sources, arch)  # one NVRTC program; a failure names the kernels
+    nvrtc_compiles(sources)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import compute_devices, gpu_planned, only_kernel
+from conftest import compute_devices, gpu_planned, nvrtc_compiles, only_kernel
 from conftest import typed_leaf as leaf
 
 import zyx
@@ -239,8 +239,7 @@ def _variants() -> list[Kernel]:
 def test_every_vector_variant_compiles_for_sm80_and_sm90():
     sources = [CUDARenderer().render(gpu.optimize(k, INFO, params)).source
                for k in _variants() for params in ({}, {"vector": 1}, {"vector": 0})]
-    for arch in ("sm_80", "sm_90"):
-        nvrtc.check_batch(sources, arch)  # one NVRTC program; a failure names the kernels
+    nvrtc_compiles(sources)
 
 
 # ---------------------------------------------------------------------------------------------------------------
