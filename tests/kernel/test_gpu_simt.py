@@ -197,11 +197,12 @@ def test_tiles_are_filled_along_the_contiguous_axis(transpose_a):
     g = planned(k)
     assert g.strategy == "simt"
     assert gpu.mma_fill_order(g.contraction) == (not transpose_a, False)
+    assert gpu.mma_vector_fill(g.contraction) == (True, True)  # 4 adjacent floats along the fast axis per item
     src = source(k)
     t = g.simt
-    a_fill = f"const int zu = zo / {t.bk}, zv = zo % {t.bk};" if not transpose_a else \
-        f"const int zu = zo % {t.bm}, zv = zo / {t.bm};"
-    assert a_fill in src and f"const int zu = zo % {t.bn}, zv = zo / {t.bn};" in src
+    a_fill = f"const int zu = zo / {t.bk // 4}, zv = zo % {t.bk // 4};" if not transpose_a else \
+        f"const int zu = zo % {t.bm // 4}, zv = zo / {t.bm // 4};"
+    assert a_fill in src and f"const int zu = zo % {t.bn // 4}, zv = zo / {t.bn // 4};" in src
 
 
 def test_the_source_reads_each_thread_run_as_one_vector():
@@ -216,6 +217,10 @@ def test_the_source_reads_each_thread_run_as_one_vector():
     # two runs of 4 rows and two of 4 columns per thread: four float4 reads per k
     assert src.count("zyx_vld_float4(&zsa[zbf][zkk]") == 2 and src.count("zyx_vld_float4(&zsb[zbf][zkk]") == 2
     assert "zc[zi][zj] = fmaf(za[zi], zb[zj], zc[zi][zj]);" in src
+    # plain, aligned operands: each thread loads 4 adjacent floats per fill item (a along k, b along n) and stores
+    # b's into its shared row whole
+    assert src.count("= zyx_vld_float4((p") == 2 and "zyx_vst_float4(&zsb[0][zv][4 * zu], zrb[zf]);" in src
+    assert "zsa[0][4 * zv + 3][zu] = zra[zf].w;" in src
     assert src.count("__syncthreads();") == 2 and "mma.sync" not in src
     epilogue = src[src.index("const int zm"):]
     assert "(zc[zi][zj] + 1.0f)" in epilogue and "> 0.0f)" in epilogue  # the epilogue is fused
@@ -231,12 +236,25 @@ def test_long_float32_sums_use_float64_totals_and_float32_partials():
     assert "((float)zc[zi][zj])" in src
 
 
+def test_operands_that_are_not_aligned_plain_loads_fill_element_by_element():
+    """A prologue (``2a - 1``), a k not a multiple of 4, or float16 operands widened to float32: scalar fills."""
+    for k in (matmul_kernel((1024, 512), (512, 1024), wrap=lambda a, b, out: (a * 2 - 1) @ b),
+              matmul_kernel((1024, 510), (510, 1024)),
+              matmul_kernel((1024, 512), (512, 1024), "float16")):
+        c = gpu.simt_contraction(k)
+        assert c is not None and gpu.mma_vector_fill(c) != (True, True)
+    k = matmul_kernel((1024, 512), (512, 1024), wrap=lambda a, b, out: (a * 2 - 1) @ b)
+    src = source(k, {"strategy": SIMT})
+    assert "zyx_vld_float4((p2" in src and "zyx_vld_float4((p1" not in src  # b still vector, a element-wise
+
+
 @needs_nvrtc
 def test_every_simt_variant_compiles_for_sm80_and_sm90():
     """Every tiling and stage count of a ragged float32 product; two variants of each other dtype and shape."""
     first = matmul_kernel((100, 70), (70, 90))
     kernels = [matmul_kernel((100, 70), (70, 90), d) for d in ("float64", "int64", "float16")]
-    kernels += [matmul_kernel((70, 100), (70, 90), transpose_a=True),
+    kernels += [matmul_kernel((96, 64), (64, 128)),  # 16-byte fills of both tiles
+                matmul_kernel((70, 100), (70, 90), transpose_a=True),
                 matmul_kernel((2, 40, 33), (2, 33, 50), wrap=lambda a, b, out: out * 2 - 1),
                 matmul_kernel((64, opt.WIDE_ACC_MIN), (opt.WIDE_ACC_MIN, 64))]
     sources = [source(first, p) for p in every_variant(first)]
@@ -266,9 +284,12 @@ def _emulate(k: Kernel, params: dict[str, int], a: np.ndarray, b: np.ndarray) ->
     ((33, 70), (70, 47), False),  # no dimension a multiple of any tile
     ((70, 33), (70, 47), True),  # a transposed: filled row-first
     ((2, 40, 20), (2, 20, 130), False),  # batched
+    ((36, 68), (68, 52), False),  # k and n multiples of 4: both tiles filled by 16-byte loads, m ragged
 ])
 def test_every_tiling_equals_the_thread_layout_bit_for_bit(dtype, a_shape, b_shape, transpose_a, rng):
     k = matmul_kernel(a_shape, b_shape, dtype, transpose_a)
+    if a_shape == (36, 68):
+        assert gpu.mma_vector_fill(gpu.simt_contraction(k)) == (True, True)
     a, b = _operands(rng, dtype, a_shape, b_shape)
     want = _emulate(k, {"strategy": THREAD}, a, b)
     ref = (np.swapaxes(a, -1, -2) if transpose_a else a).astype(np.float64) @ b.astype(np.float64)

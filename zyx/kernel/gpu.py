@@ -915,13 +915,14 @@ VECTOR = 8  # 16-bit elements per 16-byte vector load of an mma tile fill
 
 
 def mma_vector(dtype: dtypes.DType) -> int:
-    """Elements per 16-byte vector load of an mma tile fill: ``VECTOR`` 16-bit ones, 4 float32 ones."""
+    """Elements per 16-byte vector load of a tile fill (mma, simt): ``VECTOR`` 16-bit ones, 4 float32, 2 float64."""
     return 16 // dtype.itemsize
 
 
 def mma_vector_fill(c: Contraction) -> tuple[bool, bool]:
-    """Whether the tile fill of ``a`` / ``b`` may read ``v = mma_vector(c.dtype)`` adjacent elements along its fast
-    axis (see ``mma_fill_order``) with one 16-byte load: the operand is a plain load (no gate) whose index is
+    """Whether the tile fill of ``a`` / ``b`` (``mma``, or ``simt``, whose operands are of ``c.dtype``) may read
+    ``v = mma_vector(c.dtype)`` adjacent elements along its fast axis (see ``mma_fill_order``) with one 16-byte
+    load: the operand is a plain load (no gate) whose index is
     affine in the ranges with coefficient 1 along that axis and every other coefficient and the offset multiples of
     ``v``, and the axis' size is a multiple of ``v`` (a vector starting at a multiple of it is wholly inside or
     wholly outside the bounds; tiles start at multiples of it). Buffers are whole pool allocations (256-byte

@@ -745,25 +745,46 @@ class _Writer:
             self.emit(ind, f"for (int zi = 0; zi < {t.tm}; zi++) for (int zj = 0; zj < {t.tn}; zj++) "
                            "zp[zi][zj] = 0.0f;")
         a_k, b_k = gpu.mma_fill_order(c)
-        ops = ((c.a, "zsa", "zra", c.m, "zbm", t.bm, a_k), (c.b, "zsb", "zrb", c.n, "zbn", t.bn, b_k))
+        a_v, b_v = gpu.mma_vector_fill(c)
+        v = gpu.mma_vector(c.dtype)
+        vt, fields = vector_type(c.dtype, v * c.dtype.itemsize)
+        ops = ((c.a, "zsa", "zra", c.m, "zbm", t.bm, a_k, a_v), (c.b, "zsb", "zrb", c.n, "zbn", t.bn, b_k, b_v))
+
+        def items(rows: int, kf: bool, vec: bool) -> tuple[int, int]:  # (fast, slow) fill items, as fill_loop takes
+            w = v if vec else 1
+            return (t.bk // w, rows) if kf else (rows // w, t.bk)
 
         def declare(ind: str) -> None:
-            for _, _, reg, _, _, rows, _ in ops:
-                self.emit(ind, f"{ty} {reg}[{-(-rows * t.bk // t.threads)}];")
+            for _, _, reg, _, _, rows, kf, vec in ops:
+                fast, slow = items(rows, kf, vec)
+                self.emit(ind, f"{vt if vec else ty} {reg}[{-(-fast * slow // t.threads)}];")
 
         def fill(kb: str, ind: str) -> None:
             zero = self.r.literal(0, c.dtype)
-            for u, _, reg, r, base, rows, kf in ops:
-                i2, guard = self.fill_loop((t.bk, rows) if kf else (rows, t.bk), kf, t.threads, ind)
-                at_k = {r: (f"{base} + zu", r.arg[1]), c.k: (f"{kb} + zv", size_k)}
-                self.at_ranges(at_k, [u], lambda inb, reg=reg, u=u: f"{reg}[zf] = ({inb}) ? {self.value(u)} : {zero};",
-                               i2)
+            for u, _, reg, r, base, rows, kf, vec in ops:
+                i2, guard = self.fill_loop(items(rows, kf, vec), kf, t.threads, ind)
+                if vec:  # v adjacent elements along the fast axis, in or out of bounds as a whole
+                    at = ({r: (f"{base} + zu", r.arg[1]), c.k: (f"{kb} + {v} * zv", size_k)} if kf
+                          else {r: (f"{base} + {v} * zu", r.arg[1]), c.k: (f"{kb} + zv", size_k)})
+                    self.emit(i2, f"{reg}[zf] = {vt}{{}};")
+                    self.vector_access(u, at, lambda src, inb, reg=reg: f"if ({inb}) {reg}[zf] = "
+                                       f"zyx_vld_{_vector_suffix(vt)}({src});", i2)
+                else:
+                    at = {r: (f"{base} + zu", r.arg[1]), c.k: (f"{kb} + zv", size_k)}
+                    self.at_ranges(at, [u], lambda inb, reg=reg, u=u: f"{reg}[zf] = ({inb}) ? {self.value(u)} : "
+                                   f"{zero};", i2)
                 self.close_loop(guard, ind)
 
         def store(buf: str, ind: str) -> None:
-            for _, arr, reg, _, _, rows, kf in ops:
-                i2, guard = self.fill_loop((t.bk, rows) if kf else (rows, t.bk), kf, t.threads, ind)
-                self.emit(i2, f"{arr}[{buf}][zv][zu] = {reg}[zf];")
+            for _, arr, reg, _, _, rows, kf, vec in ops:
+                i2, guard = self.fill_loop(items(rows, kf, vec), kf, t.threads, ind)
+                if vec and kf:  # v consecutive k of row zu
+                    self.emit(i2, " ".join(f"{arr}[{buf}][{v} * zv + {j}][zu] = {reg}[zf].{f};"
+                                           for j, f in enumerate(fields)))
+                elif vec:  # v consecutive rows at k zv: one vector store
+                    self.emit(i2, f"zyx_vst_{_vector_suffix(vt)}(&{arr}[{buf}][zv][{v} * zu], {reg}[zf]);")
+                else:
+                    self.emit(i2, f"{arr}[{buf}][zv][zu] = {reg}[zf];")
                 self.close_loop(guard, ind)
 
         def compute(i2: str) -> None:
