@@ -721,8 +721,9 @@ class _Writer:
         """One block of ``bm/tm x bn/tn`` threads per ``bm x bn`` output tile (``gpu.SimtTile``), stepping k by
         ``bk`` (``staged_steps``): the threads evaluate ``a`` into ``zsa[S][bk][bm + pad]`` and ``b`` into
         ``zsb[S][bk][bn + pad]`` (zero outside the bounds; adjacent threads along the operand's contiguous axis,
-        ``gpu.mma_fill_order``), then thread ``(zty, ztx)`` reads ``a`` at rows ``zty + (bm/tm) zi`` and ``b`` at
-        columns ``ztx + (bn/tn) zj`` per k and updates accumulator ``zc[zi][zj]`` as the serial reduce would
+        ``gpu.mma_fill_order``; 16-byte loads where ``gpu.mma_vector_fill``), then thread ``(zty, ztx)`` reads
+        ``a`` at its rows and ``b`` at its columns per k (``simt_offset``: runs of up to 16 bytes, one vector read
+        each, ``simt_runs``) and updates accumulator ``zc[zi][zj]`` as the serial reduce would
         (``accumulate``: ``fma`` for floats, wrapping integers). With ``wide_acc`` the updates go to float32
         partials ``zp`` that are added into the float64 ``zc`` every ``gpu.SIMT_PARTIAL`` k and at the end."""
         g, c, t = self.g, self.g.contraction, self.g.simt
