@@ -298,20 +298,19 @@ class SimtTile:
 
     def vector(self, itemsize: int) -> tuple[int, int]:
         """Elements per run of a thread's rows and of its columns: 16 bytes' worth, at most ``tm`` / ``tn``."""
-        return min(self.tm, SIMT_VECTOR_BYTES // itemsize), min(self.tn, SIMT_VECTOR_BYTES // itemsize)
+        return min(self.tm, VECTOR_BYTES // itemsize), min(self.tn, VECTOR_BYTES // itemsize)
 
     def acc_bytes(self, itemsize: int, wide: bool) -> int:
         """Accumulator bytes per thread: ``tm x tn`` of ``itemsize``, plus float32 partials when ``wide``."""
         return self.tm * self.tn * (itemsize + (4 if wide else 0))
 
 
-SIMT_VECTOR_BYTES = 16  # the widest shared read of a thread's run of rows or columns (float4, double2)
 
 
 def simt_pad(itemsize: int) -> int:
     """Elements padding each shared row of the ``simt`` tiles: 16 bytes, so that rows stay 16-byte aligned for the
     runs' vector reads while a k-first fill's stores (adjacent threads a row apart) spread over the banks."""
-    return SIMT_VECTOR_BYTES // itemsize
+    return VECTOR_BYTES // itemsize
 
 
 # the ``simt_tile`` parameter's values index this tuple: 256 threads each, 16 along n; the heuristic's choice among

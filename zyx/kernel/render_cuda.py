@@ -765,14 +765,14 @@ class _Writer:
             for u, _, reg, r, base, rows, kf, vec in ops:
                 i2, guard = self.fill_loop(items(rows, kf, vec), kf, t.threads, ind)
                 if vec:  # v adjacent elements along the fast axis, in or out of bounds as a whole
-                    at = ({r: (f"{base} + zu", r.arg[1]), c.k: (f"{kb} + {v} * zv", size_k)} if kf
-                          else {r: (f"{base} + {v} * zu", r.arg[1]), c.k: (f"{kb} + zv", size_k)})
+                    where = ({r: (f"{base} + zu", r.arg[1]), c.k: (f"{kb} + {v} * zv", size_k)} if kf
+                             else {r: (f"{base} + {v} * zu", r.arg[1]), c.k: (f"{kb} + zv", size_k)})
                     self.emit(i2, f"{reg}[zf] = {vt}{{}};")
-                    self.vector_access(u, at, lambda src, inb, reg=reg: f"if ({inb}) {reg}[zf] = "
+                    self.vector_access(u, where, lambda src, inb, reg=reg: f"if ({inb}) {reg}[zf] = "
                                        f"zyx_vld_{_vector_suffix(vt)}({src});", i2)
                 else:
-                    at = {r: (f"{base} + zu", r.arg[1]), c.k: (f"{kb} + zv", size_k)}
-                    self.at_ranges(at, [u], lambda inb, reg=reg, u=u: f"{reg}[zf] = ({inb}) ? {self.value(u)} : "
+                    where = {r: (f"{base} + zu", r.arg[1]), c.k: (f"{kb} + zv", size_k)}
+                    self.at_ranges(where, [u], lambda inb, reg=reg, u=u: f"{reg}[zf] = ({inb}) ? {self.value(u)} : "
                                    f"{zero};", i2)
                 self.close_loop(guard, ind)
 
