@@ -198,3 +198,122 @@ def test_openmp_off_still_computes(tmp_path):
     total, flags = out.stdout.split(" ", 1)
     assert float(total) == pytest.approx(2 * 199999 * 200000 / 2, rel=1e-5)
     assert "-fopenmp" not in flags
+
+
+def _count_compiles(monkeypatch) -> dict[str, int]:
+    """Counts of the host compiler's processes: compiles (``-c``; those of generated kernels apart), links by the
+    linker alone, links by the driver."""
+    from zyx.backends.host import compiler
+
+    counts = {"compile": 0, "kernels compile": 0, "ld": 0, "driver link": 0}
+    run = subprocess.run
+
+    def counted(args, **kw):
+        if "-c" in args:
+            counts["compile"] += 1
+            with open(args[args.index("-c") + 1]) as f:
+                counts["kernels compile"] += f.readline().startswith('#include "zyx_prelude.h"')
+        elif args[0] == compiler.linker_of(compiler.CCompiler("cc").cc):
+            counts["ld"] += 1
+        elif any(str(a).endswith(".o") for a in args):
+            counts["driver link"] += 1
+        return run(args, **kw)
+
+    monkeypatch.setattr(compiler.subprocess, "run", counted)
+    return counts
+
+
+def test_one_realize_compiles_its_kernels_in_one_process_per_thread_and_computes_the_same(tmp_path, monkeypatch):
+    from conftest import registry_with
+
+    import zyx
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    with registry_with(tmp_path, {"host": {"threads": 1}}):
+        t = zyx.Tensor(x)
+        outs = [t.sum(0), t.exp().max(1), (t * 3 - 1).abs(), (t - t.mean(1, keepdim=True)).sum(1)]
+        counts = _count_compiles(monkeypatch)
+        zyx.realize(*outs)
+        got = [o.numpy() for o in outs]
+    inodes = [lib.stat().st_ino for lib in (tmp_path / "zyx" / "host").glob("*.so")]
+    assert max(inodes.count(i) for i in inodes) == 3  # the three kernels: one library, hard-linked per source
+    assert counts["kernels compile"] == 1 and counts["driver link"] == 0  # (and the BLAS glue, compiled alone)
+    want = [x.sum(0), np.exp(x).max(1), np.abs(x * 3 - 1), (x - x.mean(1, keepdims=True)).sum(1)]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-5)
+
+
+def _disassembly(lib, name: str) -> list[str]:
+    """The instructions of function ``name`` in ``lib``, with addresses, rip offsets and trailing padding blanked."""
+    import re
+
+    out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(lib)], capture_output=True, text=True).stdout
+    body = re.search(rf"^[0-9a-f]+ <{name}>:\n(.*?)(?:\n\n|\Z)", out, re.S | re.M).group(1)
+    ins = [line.split(":", 1)[1].split("#")[0].strip() for line in body.splitlines() if ":" in line]
+    ins = [re.sub(r"-?0x[0-9a-f]+\(%rip\)|\b[0-9a-f]{3,}\b|<[^>]*>", "A", i) for i in ins]
+    while ins and ("nop" in ins[-1] or ins[-1].startswith("xchg   %ax,%ax")):
+        ins.pop()
+    return ins
+
+
+@pytest.mark.skipif(subprocess.run(["which", "objdump"], capture_output=True).returncode != 0,
+                    reason="needs objdump (binutils)")
+def test_a_batched_kernel_is_the_machine_code_of_the_kernel_built_alone(tmp_path, monkeypatch):
+    from zyx.backends.host.device import HostDevice
+
+    kernels = _three_kernels()
+    dev = _fresh_host(tmp_path, monkeypatch)
+    sources = [dev.render(k) for k in kernels]
+    dev.compiler.build_many([(s, k.name) for s, k in zip(sources, kernels)], 1)
+    batched = [dev.compiler.library_path(s) for s in sources]
+    assert len({p.stat().st_ino for p in batched}) == 1
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "alone"))
+    alone = HostDevice(HostPool()).compiler
+    for s, k, lib in zip(sources, kernels, batched):
+        assert _disassembly(alone.build(s, k.name), k.name) == _disassembly(lib, k.name)
+
+
+def test_a_batch_with_a_broken_kernel_builds_the_others_and_the_broken_one_raises_its_own_error(tmp_path,
+                                                                                                  monkeypatch):
+    from zyx.kernel.render import CRenderer
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    prelude = CRenderer().prelude()
+    cc = CCompiler("cc", prelude=prelude)
+    good = [(prelude + f"\nint twice{i}(int x) {{ return {i} * x; }}\n", f"twice{i}") for i in (2, 3)]
+    broken = (prelude + "\nint broken(void) { this is not C; }\n", "broken")
+    counts = _count_compiles(monkeypatch)
+    cc.build_many([good[0], broken, good[1]], 1)
+    assert counts["compile"] == 4  # the batch, then each alone
+    assert [cc.library_path(s).exists() for s, _ in (good[0], broken, good[1])] == [True, False, True]
+    assert cc.compile(*good[1]).twice3(7) == 21
+    with pytest.raises(BackendError, match=f"(?s)kernel broken .*:{prelude.count(chr(10)) + 2}:"):
+        cc.compile(*broken)
+
+
+def test_batches_are_balanced_and_never_hold_one_name_twice():
+    from zyx.backends.host.compiler import _batches
+
+    items = [("x" * n, name) for n, name in [(50, "a"), (40, "k"), (30, "k"), (20, "k"), (10, "b"), (5, "c")]]
+    two = _batches(items, 2)
+    assert len(two) == 3  # three kernels named k
+    assert sorted(it for b in two for it in b) == sorted(items)
+    assert all(len({name for _, name in b}) == len(b) for b in two)
+    assert [len(b) for b in _batches(items[:2], 4)] == [1, 1]  # never more batches than kernels
+    one = _batches([it for it in items if it[1] != "k"], 1)
+    assert len(one) == 1 and len(one[0]) == 3
+
+
+def test_libraries_link_without_the_driver_and_through_it_where_the_linker_alone_fails(tmp_path, monkeypatch):
+    from zyx.backends.host import compiler
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    src = ("#include <omp.h>\nint team(void) { int n = 0;\n#pragma omp parallel\n"
+           "{\n#pragma omp single\nn = omp_get_num_threads(); }\nreturn n; }\n")
+    counts = _count_compiles(monkeypatch)
+    assert CCompiler("cc").compile(src, "team").team() >= 1
+    assert counts == {"compile": 1, "kernels compile": 0, "ld": 1, "driver link": 0}
+    monkeypatch.setattr(compiler, "link_directly", lambda *a: False)
+    assert CCompiler("cc").compile(src.replace("team", "team2"), "team2").team2() >= 1
+    assert counts == {"compile": 2, "kernels compile": 0, "ld": 1, "driver link": 1}

@@ -11,7 +11,6 @@ import os
 import platform
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from zyx import dtypes, utils
 from zyx.backends import autotune
@@ -124,26 +123,18 @@ class HostDevice(Device):
         return self.compile_many([kernel])[0]
 
     def compile_many(self, kernels: Sequence[Kernel]) -> list[ProgramId]:
-        """Programs of ``kernels``: rendered in order, the libraries missing from the disk cache built
-        concurrently (one compiler process per core), then loaded in order."""
+        """Programs of ``kernels``: rendered in order, the libraries missing from the disk cache built together
+        (``CCompiler.build_many``: batches, one compiler process per core), then loaded in order."""
         sources = []
         for k in kernels:
             if utils.KERNEL_LOG is not None:
                 utils.KERNEL_LOG.append(k)
             params = autotune.tuned_params(self, k) if autotune.active() else None
             sources.append(self.render(k, params))
-        missing = {src: k.name for k, src in zip(kernels, sources)
-                   if src not in self._by_source and not self.compiler.library_path(src).exists()}
+        missing = [(src, k.name) for k, src in zip(kernels, sources) if src not in self._by_source]
         if len(missing) > 1:
-            with ThreadPoolExecutor(min(len(missing), self.threads)) as pool:
-                list(pool.map(self._prebuild, missing.items()))
+            self.compiler.build_many(missing, self.threads)
         return [self._program(k, src) for k, src in zip(kernels, sources)]
-
-    def _prebuild(self, item: tuple[str, str]) -> None:
-        try:
-            self.compiler.build(*item)
-        except BackendError:
-            pass  # _program compiles it again and raises the error for its kernel, in order
 
     # ---- autotuning (``autotune.Tunable``) ---------------------------------------------------------------------------
     def tuning_space(self, kernel: Kernel) -> dict[str, tuple[int, ...]]:

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zyx.backends.host.compiler import cache_dir, precompile_header
+from zyx.backends.host.compiler import LD_FLAGS, cache_dir, link_directly, linker_of, precompile_header
 from zyx.utils import write_atomic
 
 __all__ = ["DYNAMIC_SHARED_CAPACITY", "EmulatedModule", "EmulatorCompileError", "Fault", "KernelFunction",
@@ -76,8 +76,7 @@ LINK_FLAGS = ("-Wl,-Bsymbolic", "-pipe")
 # libstdc++, libm and libc and adds the crt files: ~24 ms a module, against ~4): their few libc and libm symbols
 # resolve when ctypes loads them (RTLD_NOW), from the Python process, which has both. A library that does not
 # load so (it needs the crt's ``__dso_handle``: a thread_local with a destructor, as in the runtime library) is
-# linked through the driver instead.
-LD_FLAGS = ("-shared", "-Bsymbolic", "--eh-frame-hdr")
+# linked through the driver instead. (``LD_FLAGS``: the host compiler's, which links its libraries the same way.)
 # no shadow stack / IBT marking: the fiber switch changes stacks by hand
 _ARCH_FLAGS = ("-fcf-protection=none",) if platform.machine() in ("x86_64", "AMD64") else ()
 
@@ -1295,28 +1294,9 @@ def _emu_dir() -> Path:
     return cache_dir() / "cuda_emulator"
 
 
-@functools.lru_cache(maxsize=1)
-def _linker() -> str | None:
-    """The linker g++ runs (None: not found, so libraries link through the driver)."""
-    gxx, _ = _compiler()
-    try:
-        r = subprocess.run([gxx, "-print-prog-name=ld"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    name = r.stdout.strip()
-    return shutil.which(name) if r.returncode == 0 and name else None
-
-
 def _link_direct(obj: str, out: str) -> bool:
-    """Link ``obj`` into the shared library ``out`` with the linker alone; whether that library loads."""
-    ld = _linker()
-    if ld is None or subprocess.run([ld, *LD_FLAGS, obj, "-o", out], capture_output=True).returncode != 0:
-        return False
-    try:
-        ctypes.CDLL(out)
-    except OSError:
-        return False
-    return True
+    """Link ``obj`` into the shared library ``out`` with g++'s linker alone; whether that library loads."""
+    return link_directly(linker_of(_compiler()[0]), obj, out)
 
 
 def _compile(args: list[str], what: str, src: Path) -> None:
