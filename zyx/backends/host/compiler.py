@@ -151,8 +151,8 @@ class CCompiler:
         items = [it for it in dict(items).items() if not self.library_path(it[0]).exists()]
         if not items:
             return
-        batched = [it for it in items if self.prelude and it[0].startswith(self.prelude)]
-        jobs = [[it] for it in items if it not in batched] + _batches(batched, max(1, processes))
+        batched = [it for it in items if self._follows_prelude(it[0])]
+        jobs = [[it] for it in items if not self._follows_prelude(it[0])] + _batches(batched, max(1, processes))
         if len(jobs) == 1:
             self._build_batch(jobs[0])
             return
@@ -197,13 +197,16 @@ class CCompiler:
     def _translation_unit(self, sources: Sequence[str]) -> tuple[str, list[str]]:
         """What the compiler reads for ``sources`` (one, or several that follow the prelude) and the include flags:
         the prelude as its header where it leads, each body after it under the line numbers of its own source."""
-        if not (self.prelude and all(s.startswith(self.prelude) for s in sources)):
+        if not all(map(self._follows_prelude, sources)):
             assert len(sources) == 1, "only sources that follow the prelude share a translation unit"
             return sources[0], []
         header = self._prelude_header
         lines = self.prelude.count("\n")
         bodies = "\n".join(f"#line {lines + 1}\n{s[len(self.prelude):]}" for s in sources)
         return f'#include "{header.name}"\n{bodies}', ["-I", str(header.parent)]
+
+    def _follows_prelude(self, source: str) -> bool:
+        return bool(self.prelude) and source.startswith(self.prelude)
 
     def _object(self, src: Path, include: Sequence[str], what: str) -> str:
         """Compile ``src`` to an object file beside it (a fresh temporary name); returns its path."""
@@ -223,12 +226,12 @@ class CCompiler:
         os.close(fd)
         try:
             if not (self._link_alone and link_directly(linker_of(self.cc), obj, tmp, self._libraries)):
-                self._link_alone = False  # this compiler's libraries need its driver: no more tries
                 r = subprocess.run([self.cc, *self.flags, "-Wl,-Bsymbolic", obj, "-o", tmp, "-lm"],
                                    capture_output=True, text=True)
                 if r.returncode != 0:
                     raise BackendError(ErrorStatus.COMPILATION, f"{self.cc} could not link {what} (source: {src}):"
                                        f"\n{r.stderr.strip()}")
+                self._link_alone = False  # the driver links what the linker alone did not: no more tries
         except BaseException:
             _remove(tmp)
             raise
