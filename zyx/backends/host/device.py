@@ -133,7 +133,10 @@ class HostDevice(Device):
             sources.append(self.render(k, params))
         missing = [(src, k.name) for k, src in zip(kernels, sources) if src not in self._by_source]
         if len(missing) > 1:
+            t0 = time.perf_counter()
             self.compiler.build_many(missing, self.threads)
+            if debug_on("compile"):
+                log("compile", f"{len(missing)} kernels built together in {(time.perf_counter() - t0) * 1e3:.1f} ms")
         return [self._program(k, src) for k, src in zip(kernels, sources)]
 
     # ---- autotuning (``autotune.Tunable``) ---------------------------------------------------------------------------
@@ -164,9 +167,11 @@ class HostDevice(Device):
         if debug_on("asm"):
             log("asm", src)
         t0 = time.perf_counter()
+        cached = debug_on("compile") and self.compiler.library_path(src).exists()
         lib = self.compiler.compile(src, kernel.name)
         STATS["compiles"] += 1
-        log("compile", f"{kernel.name} in {(time.perf_counter() - t0) * 1e3:.1f} ms")
+        how = "loaded" if cached else "compiled"
+        log("compile", f"{kernel.name} {how} in {(time.perf_counter() - t0) * 1e3:.1f} ms")
         if self.compiler.openmp:
             lib.zyx_set_threads(ctypes.c_int(self.threads))
         fn = getattr(lib, kernel.name)
